@@ -1,0 +1,233 @@
+"""The test suite: CPU only, no network. Run with `python -m pytest -q`."""
+
+import math
+
+import pytest
+import torch
+
+import lime
+from lime import GPT, GPTConfig
+
+MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]
+LEARNED = ["lime", "last-2", "first-2", "dynamic"]
+
+
+def small_config(router, **kw):
+    base = dict(block_size=32, vocab_size=64, n_layer=6, n_head=4, n_kv_head=2, n_embd=32, mlp_hidden=64, router=router)
+    return GPTConfig(**{**base, **kw})
+
+
+def small_model(router, seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(small_config(router, **kw))
+
+
+def tokens(B=2, T=16, vocab=64, seed=1):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ---- the model ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shapes_loss_and_ignore_index(mode):
+    model = small_model(mode)
+    idx = tokens()
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 64) and torch.isfinite(loss)
+    assert model(idx)[1] is None
+    # targets of -1 do not count: masking half the positions equals the loss on the other half
+    targets = idx.clone()
+    targets[:, 8:] = -1
+    half = torch.nn.functional.cross_entropy(logits[:, :8].reshape(-1, 64), idx[:, :8].reshape(-1))
+    torch.testing.assert_close(model(idx, targets)[1], half)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_causal(mode):
+    model = small_model(mode)
+    idx = tokens()
+    changed = idx.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 64
+    a, b = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :10], b[:, :10], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kv_cache_generation_equals_recomputation(mode):
+    model = small_model(mode).eval()
+    prompt = tokens(T=5)
+    out = model.generate(prompt, 12, temperature=0)
+    ref = prompt
+    for _ in range(12):  # no cache: the whole sequence again at every step
+        ref = torch.cat([ref, model(ref)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ref)
+    # the cached logits themselves match, not only their argmax
+    cache = lime.KVCache(model.config)
+    model(ref[:, :5], cache=cache)
+    stepped = model(ref[:, 5:6], cache=cache)[0][:, -1]
+    torch.testing.assert_close(stepped, model(ref[:, :6])[0][:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_generate_sampling_and_length_check():
+    model = small_model("lime").eval()
+    torch.manual_seed(3)
+    a = model.generate(tokens(T=4), 8, temperature=1.0, top_k=5)
+    torch.manual_seed(3)
+    b = model.generate(tokens(T=4), 8, temperature=1.0, top_k=5)
+    assert a.shape == (2, 12) and torch.equal(a, b)
+    with pytest.raises(ValueError, match="block_size"):
+        model.generate(tokens(T=30), 5)
+
+
+@pytest.mark.parametrize("mode", LEARNED)
+def test_gradients_reach_router(mode):
+    model = small_model(mode)
+    idx = tokens()
+    model(idx, idx)[1].backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if "router" in n}
+    assert len(grads) >= model.config.n_layer - 1
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_routing_weights_init_and_masks(mode):
+    cfg = small_config(mode, n_layer=8, n_kv_head=4)
+    model = GPT(cfg)
+    R = model.routing_weights()
+    assert [r.shape for r in R] == [(4, l + 1, 4) for l in range(8)]
+    l = 7  # a deep layer, where every mode's mask differs
+    r = R[l]
+    eye = torch.eye(4)
+    allowed = {"none": [7], "lime": range(8), "average": range(8), "last-2": [6, 7],
+               "first-2": [0, 1, 7], "dynamic": range(8)}[mode]
+    excluded = [j for j in range(8) if j not in allowed]
+    assert torch.all(r[:, excluded] == 0)
+    if mode == "average":
+        torch.testing.assert_close(r, eye[:, None, :].expand(4, 8, 4) / 8)
+        return
+    assert torch.equal(r[:, l], eye)  # own layer: identity
+    others = [j for j in allowed if j != l]
+    if mode == "none":
+        return
+    off = r[:, others]
+    if mode == "dynamic":  # within-head only: off-diagonal head pairs are zero
+        assert torch.all(off * (1 - eye[:, None, :]) == 0)
+        off, fan_in = torch.diagonal(off, dim1=0, dim2=2), len(allowed)
+    else:
+        fan_in = len(allowed) * 4
+    bound = math.sqrt(3 / fan_in)
+    assert off.abs().max() <= bound and off.abs().max() > bound / 2  # Kaiming-uniform, not zero
+    assert 0.3 < off.abs().mean() / bound < 0.7  # U(-b, b) has mean |w| = b / 2
+
+
+def test_excluded_sources_stay_zero_through_training():
+    model = small_model("first-2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    idx = tokens()
+    for _ in range(3):
+        opt.zero_grad()
+        model(idx, idx)[1].backward()
+        opt.step()
+    r = model.routing_weights()[5]
+    assert torch.all(r[:, 2:5] == 0) and r[:, [0, 1]].abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", LEARNED)
+def test_identity_router_equals_none(mode):
+    base = small_model("none", seed=0)
+    routed = small_model(mode, seed=1)  # different weights everywhere, then overwritten
+    missing, unexpected = routed.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and missing and all("router" in k for k in missing)
+    with torch.no_grad():
+        for name, p in routed.named_parameters():
+            if name.endswith("router.weight"):
+                p.zero_()
+                p[:, -1] = 1.0 if mode == "dynamic" else torch.eye(p.shape[0])
+            elif "router" in name:
+                p.zero_()
+    idx = tokens()
+    torch.testing.assert_close(routed(idx)[0], base(idx)[0], rtol=0, atol=1e-6)
+
+
+def saved_bytes(model, idx):
+    """Bytes of the distinct storages autograd keeps for backward in one training forward."""
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    return sum(storages.values())
+
+
+def test_routing_saves_each_layer_once(monkeypatch):
+    shape = dict(block_size=64, vocab_size=64, n_layer=12, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256)
+    idx = tokens(T=64)
+    none = saved_bytes(small_model("none", **shape), idx)
+    lime_bytes = saved_bytes(small_model("lime", **shape), idx)
+    assert lime_bytes <= 1.15 * none, (lime_bytes / none)
+
+    # the same measurement catches the naive approach: autograd through a stacked buffer per layer
+    def naive(eq, weight, *kvs):
+        return torch.einsum(eq, weight, torch.stack(kvs, dim=1))
+
+    monkeypatch.setattr(lime.Mix, "apply", naive)
+    assert saved_bytes(small_model("lime", **shape), idx) > 1.3 * none
+
+
+@pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01"])
+def test_bad_router_strings(bad):
+    with pytest.raises(ValueError, match="expected none, lime, average, dynamic, last-J or first-J"):
+        GPTConfig(router=bad)
+
+
+def test_bad_shapes():
+    with pytest.raises(ValueError, match="n_kv_head=5 must divide n_head=12"):
+        GPTConfig(n_kv_head=5)
+    with pytest.raises(ValueError, match="n_embd=100"):
+        GPTConfig(n_embd=100)
+
+
+def test_150m_parameter_count_and_flops():
+    counts = {}
+    for mode in ("none", "lime"):
+        with torch.device("meta"):
+            model = GPT(GPTConfig(router=mode))
+        counts[mode] = model.num_params()
+        assert counts[mode]["total"] == sum(v for k, v in counts[mode].items() if k != "total")
+    assert 148e6 <= counts["lime"]["total"] <= 156e6
+    assert 0 < counts["lime"]["router"] < 0.0005 * counts["lime"]["total"]
+    assert counts["lime"]["total"] - counts["none"]["total"] == counts["lime"]["router"] == 144 * sum(range(2, 13))
+
+
+def test_flops_routing_term():
+    none, routed = small_model("none"), small_model("lime")
+    head_dim = 8
+    extra = routed.estimate_flops(32) - none.estimate_flops(32)
+    assert extra == 6 * routed.num_params()["router"] * 2 * head_dim
+    # the dense term is the usual 6N with the tied head counted once and no embedding lookup
+    n = none.num_params()
+    assert none.estimate_flops(32) == 6 * (n["total"] - n["norm"]) + 12 * 6 * 4 * head_dim * 32
+
+
+@pytest.mark.parametrize("mode", ["lime", "dynamic"])
+def test_compile_and_bf16_autocast(mode):
+    model = small_model(mode)
+    idx = tokens()
+    ref_logits, ref_loss = model(idx, idx)
+    ref_loss.backward()
+    ref_grad = model.transformer.h[3].attn.router.weight.grad.clone()
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager")  # dynamo + autograd tracing, no C++ build
+    logits, loss = compiled(idx, idx)
+    loss.backward()
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.transformer.h[3].attn.router.weight.grad, ref_grad, rtol=1e-4, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_loss = model(idx, idx)[1]
+    assert abs(bf16_loss.item() - ref_loss.item()) < 0.05
