@@ -231,3 +231,223 @@ def test_compile_and_bf16_autocast(mode):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16_loss = model(idx, idx)[1]
     assert abs(bf16_loss.item() - ref_loss.item()) < 0.05
+
+
+# ---- data -----------------------------------------------------------------------------
+
+import filecmp
+import http.server
+import operator
+import re
+import threading
+
+import numpy as np
+import tiktoken
+
+import prepare_data as pd
+
+
+class FileServer:
+    """Serves bytes from 127.0.0.1 with HTTP Range; can cut a file's first response halfway."""
+
+    def __init__(self, files, cut_once=()):
+        self.files, self.cut_once, self.requests = dict(files), set(cut_once), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                server.requests.append((name, self.headers.get("Range")))
+                if name not in server.files:
+                    self.send_error(404)
+                    return
+                data = server.files[name]
+                start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                if name in server.cut_once:  # announce everything, send half, hang up
+                    server.cut_once.discard(name)
+                    self.wfile.write(data[start:start + (len(data) - start) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(data[start:])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def shard_bytes(tokens, magic=pd.MAGIC, count=None):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, 1, len(tokens) if count is None else count
+    return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(files, cut_once=()):
+        servers.append(FileServer(files, cut_once))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def fineweb_files(n_train=2):
+    rng = np.random.default_rng(0)
+    names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in range(1, n_train + 1)]
+    return {name: shard_bytes(rng.integers(0, 50257, 5000 + 100 * i)) for i, name in enumerate(names)}
+
+
+def test_fineweb_download_then_nothing_to_do(serve, tmp_path):
+    files = fineweb_files()
+    server = serve(files)
+    pd.prepare_fineweb(tmp_path, 2, server.url)
+    for name, data in files.items():
+        assert (tmp_path / name).read_bytes() == data
+    assert len(pd.load_tokens(tmp_path, "train")) == 2 and len(pd.load_tokens(tmp_path, "val")[0]) == 5000
+    n = len(server.requests)
+    pd.prepare_fineweb(tmp_path, 2, server.url)
+    assert len(server.requests) == n  # complete files are not fetched again
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
+    monkeypatch.setattr(pd.time, "sleep", lambda s: None)
+    monkeypatch.setattr(pd, "CHUNK_BYTES", 1024)
+    files = fineweb_files(1)
+    server = serve(files, cut_once={"finewebedu_train_000001.bin"})
+    pd.prepare_fineweb(tmp_path, 1, server.url)
+    data = files["finewebedu_train_000001.bin"]
+    assert (tmp_path / "finewebedu_train_000001.bin").read_bytes() == data
+    ranges = [r for name, r in server.requests if name == "finewebedu_train_000001.bin"]
+    assert len(ranges) == 2 and ranges[0] is None
+    resumed_at = int(re.match(r"bytes=(\d+)-$", ranges[1])[1])  # the second request asked only for the rest
+    assert 0 < resumed_at <= len(data) // 2
+
+
+@pytest.mark.parametrize("bad, message", [
+    (shard_bytes(range(100), magic=123), "bad magic"),
+    (shard_bytes(range(100), count=500), "header announces 500 tokens"),
+])
+def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, message):
+    files = fineweb_files(1)
+    files["finewebedu_train_000001.bin"] = bad
+    server = serve(files)
+    with pytest.raises(SystemExit) as exit_info:
+        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
+    assert message in str(exit_info.value) and str(exit_info.value).count("\n") == 0
+    assert str(exit_info.value).startswith("error: finewebedu_train_000001.bin")
+    assert not (tmp_path / "finewebedu_train_000001.bin").exists()
+    assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
+    assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
+
+
+def test_missing_file_is_one_line(serve, tmp_path):
+    server = serve({})
+    with pytest.raises(SystemExit, match="error: .*HTTP 404"):
+        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
+
+
+def small_encoding():
+    """A byte-level tiktoken Encoding with the GPT-2 split pattern: no download."""
+    return tiktoken.Encoding(
+        name="test-bytes",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={"<|endoftext|>": 256},
+    )
+
+
+def test_shakespeare_tokenised_into_shards(serve, tmp_path):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
+    server = serve({"input.txt": text.encode()})
+    enc = small_encoding()
+    pd.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
+    train, val = pd.load_tokens(tmp_path, "train")[0], pd.load_tokens(tmp_path, "val")[0]
+    assert train[0] == val[0] == enc.eot_token
+    assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
+    assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
+
+
+def evaluate_text(text):
+    """An independent evaluator for the task's text: precedence, exact division, no negatives."""
+    tokens = text.split()
+    pos = 0
+
+    def expr(level):
+        nonlocal pos
+        if level == 3:
+            tok = tokens[pos]
+            pos += 1
+            if tok == "(":
+                value = expr(1)
+                assert tokens[pos] == ")"
+                pos += 1
+                return value
+            return int(tok)
+        value = expr(level + 1)
+        while pos < len(tokens) and tokens[pos] in ({"+", "-"} if level == 1 else {"*", "/"}):
+            op = tokens[pos]
+            pos += 1
+            rhs = expr(level + 1)
+            if op == "/":
+                assert rhs != 0 and value % rhs == 0, f"inexact division in {text}"
+            value = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}[op](value, rhs)
+            assert 0 <= value <= pd.MAX_VALUE, text
+        return value
+
+    value = expr(1)
+    assert pos == len(tokens)
+    return value
+
+
+def test_arithmetic_samples_are_correct_step_by_step():
+    data = pd.generate_arithmetic(seed=1, train_size=300, test_size=100)
+    for name, lines in data.items():
+        for line in lines:
+            steps = line.split(" = ")
+            answer = int(steps[-1])
+            n_ops = [sum(t in pd.OPS for t in s.split()) for s in steps]
+            assert n_ops[0] in (3, 4, 5) and n_ops[-1] == 0
+            assert all(a - b == 1 for a, b in zip(n_ops, n_ops[1:]))  # one operation per step
+            assert all(evaluate_text(s) == answer for s in steps)
+            assert pd.split_sample(line) == (steps[0] + " =", answer)
+    assert {sum(t in pd.OPS for t in l.split(" = ")[0].split()) + 1 for l in data["test_6"]} == {6}
+    train = {l.split(" = ")[0] for l in data["train"]}
+    tests = [l.split(" = ")[0] for n in (4, 5, 6) for l in data[f"test_{n}"]]
+    assert not train & set(tests) and len(set(tests)) == len(tests)
+    assert any("/" in l.split(" = ")[0] for l in data["train"]) and any("(" in l for l in data["train"])
+
+
+def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
+    pd.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20", "--show", "3"])
+    pd.main(["arithmetic", "--data-dir", str(tmp_path / "b"), "--train-size", "200", "--test-size", "20"])
+    names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt"]
+    assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
+    shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
+    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0]) == int(l.split()[-1]) for l in shown)
+    vocab, splits = pd.load_arithmetic(tmp_path / "a")
+    line = splits["test_5"][0]
+    assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 600
+    with pytest.raises(pd.DataError, match="'1000' is not in the task vocabulary"):
+        vocab.encode("1000 + 1")
+
+
+def test_final_answer_parsing():
+    assert pd.final_answer("12 / 4 = 3 <eos> 5 = 7") == 3
+    assert pd.final_answer("12 / 4 = 3") == 3
+    assert pd.final_answer("12 / 4 = 3 + 1") is None
+    assert pd.final_answer("12 / 4") is None and pd.final_answer("") is None

@@ -1,0 +1,359 @@
+"""
+Downloads, tokenises and generates the data of the LIMe experiments, and loads it back.
+
+    python prepare_data.py fineweb-edu --shards 32   # GPT-2 tokens, ~191 MiB per shard
+    python prepare_data.py shakespeare               # ~1 MB of text -> GPT-2 tokens
+    python prepare_data.py arithmetic --show 5       # the Arithmetic Expression Task, offline
+
+Token datasets are shards in the llm.c format: a 1024-byte header of 256 int32
+(magic 20240520, version 1, token count) followed by uint16 tokens, one loader for all.
+The arithmetic task is plain text, one sample per line, with its own small vocabulary
+in which every integer is one token. Nothing half-written ever takes a final name:
+downloads stream to `<file>.part` (resumed with HTTP Range) and every write goes to a
+temporary file that is renamed only when whole and verified.
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+
+FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
+
+
+class DataError(Exception):
+    """A problem a user can fix; the command line prints it as one line."""
+
+
+def atomic_write(path, write):
+    """Call write(f) on a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# -----------------------------------------------------------------------------
+# Token shards
+
+
+def write_shard(path, tokens):
+    tokens = np.asarray(tokens)
+    assert tokens.min() >= 0 and tokens.max() < 2**16, "shards hold uint16 tokens"
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = MAGIC, VERSION, len(tokens)
+    atomic_write(path, lambda f: (f.write(header.tobytes()), f.write(tokens.astype("<u2").tobytes())))
+
+
+def check_shard(path):
+    """Raise DataError unless `path` has a valid header and exactly the tokens it announces."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    name = Path(path).name.removesuffix(".part")
+    if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:
+        raise DataError(f"{name}: not a token shard (bad magic or version in the header)")
+    expected = HEADER_BYTES + 2 * int(header[2])
+    size = os.path.getsize(path)
+    if size != expected:
+        raise DataError(f"{name}: {size} bytes, but its header announces {header[2]} tokens ({expected} bytes)")
+    return int(header[2])
+
+
+def read_shard(path):
+    check_shard(path)
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
+
+
+def load_tokens(data_dir, split):
+    """All shards of one split ('train' or 'val') of a token dataset, as uint16 arrays."""
+    paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
+    if not paths:
+        raise DataError(f"no {split} shards in {data_dir}")
+    return [read_shard(p) for p in paths]
+
+
+# -----------------------------------------------------------------------------
+# Downloads
+
+
+def download(url, dest, verify=None, retries=5, timeout=30):
+    """Stream url to dest via dest.part: resumes with HTTP Range, retries transient errors,
+    runs verify(part) before the final rename. Returns False if dest was already there."""
+    dest = Path(dest)
+    if dest.exists():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    for attempt in range(retries + 1):
+        have = part.stat().st_size if part.exists() else 0
+        try:
+            with requests.get(url, headers={"Range": f"bytes={have}-"} if have else {}, stream=True,
+                              timeout=timeout) as r:
+                if r.status_code == 416:  # the .part already holds every byte
+                    break
+                if r.status_code in TRANSIENT_STATUS:
+                    raise requests.ConnectionError(f"HTTP {r.status_code}")
+                if r.status_code >= 400:
+                    raise DataError(f"{url}: HTTP {r.status_code}")
+                if r.status_code != 206:  # the server ignored Range: start again
+                    have = 0
+                total = have + int(r.headers.get("Content-Length", 0))
+                progress = Progress(dest.name, have, total)
+                with open(part, "ab" if have else "wb") as f:
+                    for block in r.iter_content(CHUNK_BYTES):
+                        f.write(block)
+                        progress.update(len(block))
+                progress.done()
+                if part.stat().st_size < total:
+                    raise requests.ConnectionError("connection closed early")
+            break
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
+            if attempt == retries:
+                raise DataError(f"{url}: {e} (gave up after {retries} retries; run again to resume)")
+            wait = min(2**attempt, 30)
+            print(f"\n{dest.name}: {e}; retrying in {wait}s", file=sys.stderr)
+            time.sleep(wait)
+    if verify is not None:
+        try:
+            verify(part)
+        except DataError:
+            part.unlink()  # a corrupt file is never left behind to be resumed or renamed
+            raise
+    os.replace(part, dest)
+    return True
+
+
+class Progress:
+    """One line per file: bytes, MB/s, ETA; redrawn in place on a terminal, every 10s otherwise."""
+
+    def __init__(self, name, start, total):
+        self.name, self.start, self.done_bytes, self.total = name, start, start, total
+        self.t0 = self.last = time.time()
+        self.tty = sys.stdout.isatty()
+
+    def update(self, n):
+        self.done_bytes += n
+        now = time.time()
+        if now - self.last >= (0.5 if self.tty else 10):
+            self.last = now
+            self.show(now)
+
+    def show(self, now, end="\r"):
+        rate = (self.done_bytes - self.start) / max(now - self.t0, 1e-9)
+        eta = f"ETA {(self.total - self.done_bytes) / rate:.0f}s" if rate > 0 and self.total else ""
+        line = f"{self.name}: {self.done_bytes / 1e6:.1f}/{self.total / 1e6:.1f} MB {rate / 1e6:.1f} MB/s {eta}"
+        print(line, end=end if self.tty else "\n", flush=True)
+
+    def done(self):
+        self.show(time.time(), end="\n")
+
+
+def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL):
+    names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in range(1, shards + 1)]
+    for name in names:
+        dest = Path(data_dir) / name
+        fetched = download(f"{base_url.rstrip('/')}/{name}", dest, verify=check_shard)
+        print(f"{dest}: {check_shard(dest):,} tokens{'' if fetched else ' (already there)'}")
+
+
+def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1):
+    """Tiny Shakespeare as GPT-2 tokens: the first 90% of the text is train, the rest val."""
+    if enc is None:
+        import tiktoken
+        enc = tiktoken.get_encoding("gpt2")
+    text_path = Path(data_dir) / "input.txt"
+    download(url, text_path)
+    text = text_path.read_text(encoding="utf-8")
+    cut = int(len(text) * (1 - val_fraction))
+    for split, part in (("train", text[:cut]), ("val", text[cut:])):
+        tokens = [enc.eot_token] + enc.encode_ordinary(part)  # documents start with end-of-text
+        path = Path(data_dir) / f"shakespeare_{split}_000000.bin"
+        write_shard(path, tokens)
+        print(f"{path}: {len(tokens):,} tokens")
+
+
+# -----------------------------------------------------------------------------
+# The Arithmetic Expression Task
+#
+# An expression is a tree: an int, or (op, left, right). It is written with the fewest
+# parentheses that keep its structure, and solved one operation per step, always the
+# leftmost operation whose operands are both numbers (a post-order walk):
+#   ( 7 + 5 ) / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 12 - 2 * 7 ) = ... = 3
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+MAX_OPERAND = 20  # operands are drawn from 1..MAX_OPERAND
+MAX_VALUE = 999  # every intermediate value is an integer in 0..MAX_VALUE
+OPERAND_COUNTS = (4, 5, 6)
+TASK_VOCAB = ["<eos>", "=", "(", ")", *OPS, *map(str, range(MAX_VALUE + 1))]
+
+
+def random_expression(rng, n):
+    """A random tree over n operands whose every step is valid: exact division, values in range."""
+    if n == 1:
+        return rng.randint(1, MAX_OPERAND)
+    while True:
+        k = rng.randint(1, n - 1)
+        left, right = random_expression(rng, k), random_expression(rng, n - k)
+        a, b = evaluate(left), evaluate(right)
+        ops = [op for op in OPS if (op != "/" or (b > 0 and a % b == 0)) and 0 <= OPS[op](a, b) <= MAX_VALUE]
+        if ops:
+            return (rng.choice(ops), left, right)
+
+
+def evaluate(node):
+    return node if isinstance(node, int) else OPS[node[0]](evaluate(node[1]), evaluate(node[2]))
+
+
+def render(node, parent_prec=0, right_side=False):
+    """Space-separated tokens; a right operand of equal precedence keeps its parentheses."""
+    if isinstance(node, int):
+        return str(node)
+    op, left, right = node
+    prec = PRECEDENCE[op]
+    text = f"{render(left, prec)} {op} {render(right, prec, True)}"
+    return f"( {text} )" if prec < parent_prec or (right_side and prec == parent_prec) else text
+
+
+def solve_step(node):
+    """Carry out the leftmost operation whose operands are both numbers."""
+    op, left, right = node
+    if not isinstance(left, int):
+        return (op, solve_step(left), right)
+    if not isinstance(right, int):
+        return (op, left, solve_step(right))
+    return OPS[op](left, right)
+
+
+def solution(expr):
+    """'EXPR = STEP = ... = ANSWER': one operation per step."""
+    steps = [render(expr)]
+    while not isinstance(expr, int):
+        expr = solve_step(expr)
+        steps.append(render(expr))
+    return " = ".join(steps)
+
+
+def generate_arithmetic(seed, train_size, test_size):
+    """{'train': [lines], 'test_4': [lines], ...}; test expressions never occur in train."""
+    rng = random.Random(seed)
+    out = {"train": []}
+    for n in OPERAND_COUNTS:
+        out["train"] += [solution(random_expression(rng, n)) for _ in range(train_size)]
+    seen = {line.split(" = ")[0] for line in out["train"]}
+    for n in OPERAND_COUNTS:
+        test = []
+        while len(test) < test_size:
+            line = solution(random_expression(rng, n))
+            if line.split(" = ")[0] not in seen:
+                seen.add(line.split(" = ")[0])
+                test.append(line)
+        out[f"test_{n}"] = test
+    return out
+
+
+def prepare_arithmetic(data_dir, seed=0, train_size=50_000, test_size=1000):
+    data = generate_arithmetic(seed, train_size, test_size)
+    for name, lines in data.items():
+        path = Path(data_dir) / f"{name}.txt"
+        atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+        print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
+    meta = dict(vocab=TASK_VOCAB, seed=seed, train_size=train_size, test_size=test_size)
+    atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+    print(f"{Path(data_dir) / 'meta.json'}: task vocabulary of {len(TASK_VOCAB)} tokens")
+
+
+class TaskVocab:
+    """Whitespace tokens <-> ids for the arithmetic task."""
+
+    def __init__(self, tokens):
+        self.itos = list(tokens)
+        self.stoi = {t: i for i, t in enumerate(self.itos)}
+        self.eos = self.stoi["<eos>"]
+
+    def encode(self, text):
+        try:
+            return [self.stoi[t] for t in text.split()]
+        except KeyError as e:
+            raise DataError(f"{e.args[0]!r} is not in the task vocabulary (integers 0..{MAX_VALUE}, "
+                            f"{' '.join(self.itos[1:8])})") from None
+
+    def decode(self, ids):
+        return " ".join(self.itos[i] for i in ids)
+
+
+def load_arithmetic(data_dir):
+    """(vocab, {'train': [lines], 'test_4': [...], 'test_5': ..., 'test_6': ...})."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "meta.json").exists():
+        raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic`")
+    vocab = TaskVocab(json.loads((data_dir / "meta.json").read_text())["vocab"])
+    splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
+    return vocab, splits
+
+
+def split_sample(line):
+    """'EXPR = ... = ANSWER' -> ('EXPR =', ANSWER): the prompt and the right final answer."""
+    expr, _, rest = line.partition(" = ")
+    return expr + " =", int(rest.split()[-1] if rest else expr)
+
+
+def final_answer(generated):
+    """The number after the last '=' of a generated solution, or None if there is none."""
+    tail = generated.split("<eos>")[0].split("=")[-1].split()
+    return int(tail[0]) if len(tail) == 1 and tail[0].isdigit() else None
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic"], help="dataset to prepare")
+    p.add_argument("--data-dir", help="output folder (default: data/NAME)")
+    p.add_argument("--shards", type=int, default=32, help="fineweb-edu: train shards of 1e8 tokens (32 for 3.1B)")
+    p.add_argument("--base-url", default=FINEWEB_URL, help="fineweb-edu: where the shards are (a mirror)")
+    p.add_argument("--url", default=SHAKESPEARE_URL, help="shakespeare: where the text is")
+    p.add_argument("--seed", type=int, default=0, help="arithmetic: generator seed")
+    p.add_argument("--train-size", type=int, default=50_000, help="arithmetic: training samples per operand count")
+    p.add_argument("--test-size", type=int, default=1000, help="arithmetic: test samples per operand count")
+    p.add_argument("--show", type=int, default=0, metavar="K", help="arithmetic: print K training samples")
+    args = p.parse_args(argv)
+    data_dir = args.data_dir or os.path.join("data", args.name)
+    try:
+        if args.name == "fineweb-edu":
+            if not 1 <= args.shards <= 99:
+                raise DataError(f"--shards must be 1..99, got {args.shards}")
+            prepare_fineweb(data_dir, args.shards, args.base_url)
+        elif args.name == "shakespeare":
+            prepare_shakespeare(data_dir, args.url)
+        else:
+            if args.train_size < 1 or args.test_size < 1:
+                raise DataError("--train-size and --test-size must be positive")
+            prepare_arithmetic(data_dir, args.seed, args.train_size, args.test_size)
+            train = load_arithmetic(data_dir)[1]["train"]
+            for line in train[:: max(1, len(train) // args.show)][: args.show] if args.show > 0 else []:
+                print(line)  # spread over the file, so every operand count shows
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: a partial download stays as .part and resumes on the next run")
+
+
+if __name__ == "__main__":
+    main()
