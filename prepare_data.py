@@ -171,13 +171,20 @@ def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL):
         print(f"{dest}: {check_shard(dest):,} tokens{'' if fetched else ' (already there)'}")
 
 
+def gpt2_encoding():
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken fetches the vocabulary on first use
+        raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {e}") from None
+
+
 def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1):
     """Tiny Shakespeare as GPT-2 tokens: the first 90% of the text is train, the rest val."""
-    if enc is None:
-        import tiktoken
-        enc = tiktoken.get_encoding("gpt2")
     text_path = Path(data_dir) / "input.txt"
     download(url, text_path)
+    enc = enc or gpt2_encoding()
     text = text_path.read_text(encoding="utf-8")
     cut = int(len(text) * (1 - val_fraction))
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
