@@ -294,13 +294,14 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None):
+        """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
+        With `stop` (a token id), ends early once every row has produced it."""
         if idx.shape[1] + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt of {idx.shape[1]} + {max_new_tokens} new tokens exceeds "
                              f"block_size={self.config.block_size}")
         cache = KVCache(self.config)
-        step = idx
+        step, done = idx, torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             logits = self(step, cache=cache)[0][:, -1].float()  # (B, vocab)
             if temperature == 0:
@@ -312,6 +313,10 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, -float("inf"))
                 step = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat([idx, step], dim=1)
+            if stop is not None:
+                done |= step[:, 0] == stop
+                if done.all():
+                    break
         return idx
 
     # ---- analysis and accounting ---------------------------------------------------------

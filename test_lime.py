@@ -1,6 +1,7 @@
 """The test suite: CPU only, no network. Run with `python -m pytest -q`."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -451,3 +452,173 @@ def test_final_answer_parsing():
     assert pd.final_answer("12 / 4 = 3") == 3
     assert pd.final_answer("12 / 4 = 3 + 1") is None
     assert pd.final_answer("12 / 4") is None and pd.final_answer("") is None
+
+
+# ---- training -------------------------------------------------------------------------
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import train
+
+
+@pytest.fixture(scope="session")
+def arith_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("arith")
+    pd.prepare_arithmetic(path, seed=0, train_size=100, test_size=10)
+    return path
+
+
+def tiny_args(arith_dir, out_dir, *extra):
+    return ["--preset=tiny", f"--data-dir={arith_dir}", f"--out-dir={out_dir}", "--n-layer=2", "--n-head=2",
+            "--n-kv-head=2", "--n-embd=32", "--mlp-hidden=64", "--batch-size=8", "--micro-batch-size=4",
+            "--max-steps=12", "--eval-interval=6", "--eval-samples=4", "--log-interval=1", "--warmup-steps=2", *extra]
+
+
+def read_log(out_dir):
+    return [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def train_losses(out_dir):
+    return {r["step"]: r["loss"] for r in read_log(out_dir) if "loss" in r}
+
+
+def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(tiny_args(arith_dir, out, "--max-steps=40", "--eval-interval=20", "--lr=1e-2"))
+    losses = list(train_losses(out).values())
+    assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["router"] == "lime" and summary["steps"] == 40 and summary["tokens_seen"] == 40 * 8 * 64
+    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "tokens_per_s", "peak_memory_bytes"} <= set(summary)
+    evals = [r for r in read_log(out) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [20, 40] and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
+
+
+@pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
+def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt):
+    train.main(tiny_args(arith_dir, tmp_path / "whole"))
+    parts = tmp_path / "parts"
+    if interrupt == "stop-at":
+        train.main(tiny_args(arith_dir, parts, "--stop-at=5"))
+    else:  # Ctrl-C while fetching the batch of step 7: steps 1..7 are done and saved
+        real_batch = train.ArithmeticData.batch
+        calls = []
+
+        def batch(self, rng, n):
+            calls.append(1)
+            if len(calls) == 2 * 7 + 1:
+                raise KeyboardInterrupt
+            return real_batch(self, rng, n)
+
+        monkeypatch.setattr(train.ArithmeticData, "batch", batch)
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(arith_dir, parts))
+        assert e.value.code == 130
+        monkeypatch.setattr(train.ArithmeticData, "batch", real_batch)
+    stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
+    assert stopped_at == (5 if interrupt == "stop-at" else 7)
+    train.main(tiny_args(arith_dir, parts, "--resume"))
+    assert train_losses(parts) == train_losses(tmp_path / "whole")  # exactly, on CPU
+    whole, resumed = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (tmp_path / "whole", parts))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preset=huge"], "unknown preset 'huge': choose from 150m, 1b, deep, arith, tiny"),
+    (["--router=first-0"], "unknown router 'first-0'"),
+    (["--n-kv-head=3", "--n-head=2"], "n_kv_head=3 must divide n_head=2"),
+    (["--micro-batch-size=3"], "--batch-size=8 is not a multiple of --micro-batch-size=3"),
+    (["--resume"], "--resume: no checkpoint at"),
+    (["--schedule=step"], "--schedule='step': choose from cosine, linear"),
+    (["--max-steps=abc"], "argument --max-steps: invalid int value"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, flags, message):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(arith_dir, out, *flags))
+    assert str(e.value).startswith("train.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(tiny_args(arith_dir, out, "--stop-at=2"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match=r"was trained with router='lime' \(not 'none'\)"):
+        train.main(tiny_args(arith_dir, out, "--router=none", "--resume"))
+    (out / "ckpt.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match="--resume: cannot read"):
+        train.main(tiny_args(arith_dir, out, "--resume"))
+    assert {p.name for p in out.iterdir()} == set(before)
+    assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
+
+
+def test_missing_language_data_says_how_to_prepare(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"])
+    msg = str(e.value)
+    assert "no train shards" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
+    assert "\n" not in msg and not (tmp_path / "run").exists()
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real_forward = GPT.forward
+    calls = []
+
+    def forward(self, idx, targets=None, cache=None):
+        logits, loss = real_forward(self, idx, targets, cache)
+        if targets is not None and self.training:
+            calls.append(1)
+            if len(calls) > 2 * 8:  # from step 9 on, with 2 micro-steps per step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(arith_dir, out))
+    assert e.value.code == 1
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
+    assert not (out / "summary.json").exists()
+
+
+def test_param_groups_follow_the_spec():
+    model = small_model("dynamic")
+    cfg = dict(weight_decay=0.1, lr=1e-3, router_lr=1e-2)
+    groups = train.param_groups(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_group = [(g["weight_decay"], g["lr_scale"] * cfg["lr"], {names[id(p)] for p in g["params"]}) for g in groups]
+    (wd0, lr0, decay), (wd1, lr1, no_decay), (wd2, lr2, router) = by_group
+    assert (wd0, lr0) == (0.1, 1e-3) and (wd1, lr1) == (0.0, 1e-3) and (wd2, lr2) == (0.0, 1e-2)
+    assert router == {n for n in names.values() if "router" in n} and any("proj" in n for n in router)
+    assert "transformer.wte.weight" in no_decay and all("ln" in n or "wte" in n for n in no_decay)
+    assert all(n.endswith(("c_q.weight", "c_kv.weight", "c_proj.weight", "c_fc.weight")) for n in decay)
+    assert len(decay | no_decay | router) == len(names)
+
+
+def test_learning_rate_schedules():
+    cfg = dict(lr=1e-3, min_lr=1e-6, warmup_steps=10, max_steps=110, schedule="cosine")
+    assert train.learning_rate(0, cfg) == pytest.approx(1e-4) and train.learning_rate(9, cfg) == pytest.approx(1e-3)
+    assert train.learning_rate(60, cfg) == pytest.approx((1e-3 + 1e-6) / 2)
+    assert train.learning_rate(110, cfg) == pytest.approx(1e-6)
+    cfg["schedule"] = "linear"
+    assert train.learning_rate(35, cfg) == pytest.approx(1e-6 + 0.75 * (1e-3 - 1e-6))
+
+
+def test_two_process_ddp_on_cpu(arith_dir, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *tiny_args(arith_dir, out, "--max-steps=4", "--eval-interval=4")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 process(es)" in result.stdout and result.stdout.count("step 4/4") == 1  # only rank 0 prints
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and math.isfinite(summary["val_loss"])
+    # 2 processes x micro-batch 4 = the batch of 8 in a single micro-step each
+    assert "1 micro-step(s) of 4" in result.stdout

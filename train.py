@@ -1,0 +1,530 @@
+"""
+Trains a LIMe model (or an ablation of its router) on one CPU, one GPU, or several GPUs.
+
+    python train.py --preset=tiny --router=lime        # offline quick start, a few CPU minutes
+    python train.py --router=first-4                   # the 150M router ablation on one GPU
+    torchrun --standalone --nproc_per_node=8 train.py --preset=1b --router=lime
+
+A preset names a full set of defaults; every flag overrides one of them. The resolved
+configuration is printed, saved as <out-dir>/config.json and kept in every checkpoint.
+Data batches are a pure function of (seed, step, rank), so a resumed run sees exactly
+the batches an uninterrupted one would.
+"""
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import os
+import re
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import prepare_data
+from lime import GPT, GPTConfig
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "150m"  # named set of defaults: 150m, 1b, deep, arith, tiny
+    data: str = "fineweb-edu"  # dataset: fineweb-edu, shakespeare or arithmetic
+    data_dir: str = ""  # where the dataset is (default data/<data>)
+    out_dir: str = ""  # checkpoints and logs (default out/<preset>-<router>)
+    batch_size: int = 256  # sequences per optimiser step, over all processes
+    micro_batch_size: int = 16  # sequences per forward pass per process; the rest is gradient accumulation
+    max_steps: int = 6000  # length of the run; the learning-rate schedule follows it
+    epochs: float = 0.0  # arithmetic: if > 0, sets max_steps to this many passes over the training set
+    stop_at: int = 0  # end this session after this step with a checkpoint (0: run to max_steps)
+    lr: float = 1e-3  # peak learning rate
+    router_lr: float = 1e-2  # learning rate of the router parameters (no weight decay)
+    min_lr: float = 1e-6  # learning rate at the end of the schedule
+    warmup_steps: int = 200  # linear warm-up from 0
+    schedule: str = "cosine"  # decay after warm-up: cosine or linear
+    weight_decay: float = 0.1  # AdamW decay on matmul weights (not norms, embeddings, router)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    eps: float = 1e-8  # AdamW epsilon
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0: off)
+    eval_interval: int = 500  # evaluate and save a checkpoint every this many steps
+    eval_tokens: int = 2_097_152  # language data: validation tokens (fixed windows from the start of val)
+    eval_samples: int = 1000  # arithmetic: test expressions per operand count for accuracy
+    log_interval: int = 10  # print a progress line every this many steps
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
+    dtype: str = "auto"  # autocast dtype: auto (bfloat16 on CUDA, else float32), bfloat16, float32
+    compile: str = "auto"  # torch.compile: auto (on for CUDA), on, off
+    seed: int = 1337  # seed of the initial weights and the data order
+
+
+PRESETS = {
+    # the paper's 150M ablation (Table 7): 256 x 2048 tokens a step, 6000 steps = 3.1B tokens
+    "150m": dict(),
+    # Tables 2-3: 1B with GQA; 1024 x 2048 tokens a step, 20k steps, several GPUs
+    "1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, batch_size=1024,
+               micro_batch_size=8, max_steps=20000),
+    # Section 5.5: 32 layers of 8 heads (use --n-layer 64 or 128 for the deeper runs); the width is ours
+    "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, micro_batch_size=16),
+    # Appendix A: 4 layers, 4 heads, d 32; 200 epochs over 3 x 50k samples, lr 1e-3 with linear decay
+    "arith": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=32, mlp_hidden=128, block_size=64,
+                  vocab_size=1024, batch_size=128, micro_batch_size=128, epochs=200, warmup_steps=0,
+                  schedule="linear", eval_interval=5000, log_interval=100),
+    # a CPU quick start on the arithmetic task: a few minutes on 2 cores, no download
+    "tiny": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256, block_size=64,
+                 vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
+                 min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
+}
+MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
+TRAIN_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
+SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
+
+# dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
+PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2, nothing written."""
+
+
+def field_help(cls):
+    """The comment after each field of a config dataclass, so flags and fields share one text."""
+    return dict(re.findall(r"^\s+(\w+): \w+ = .*?  # (.*)$", inspect.getsource(cls), flags=re.M))
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser():
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for cls in (TrainConfig, GPTConfig):
+        helps = field_help(cls)
+        for f in dataclasses.fields(cls):
+            p.add_argument("--" + f.name.replace("_", "-"), type=f.type, help=f"{helps[f.name]} [{f.default}]")
+    p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
+    return p
+
+
+def resolve_config(argv):
+    """Flags > preset > defaults; with --resume, flags > the checkpoint's saved config."""
+    given = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
+    resume = given.pop("resume")
+    preset = given.get("preset", TrainConfig.preset)
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
+    cfg = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig()), **PRESETS[preset], **given}
+    cfg["preset"] = preset
+    cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
+    ckpt = None
+    if resume:
+        path = Path(cfg["out_dir"]) / "ckpt.pt"
+        if not path.exists():
+            raise UsageError(f"--resume: no checkpoint at {path}")
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UsageError(f"--resume: cannot read {path}: {e}".splitlines()[0]) from None
+        saved = ckpt["config"]
+        clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items()
+                 if k in saved and k not in SESSION_FIELDS and k != "max_steps" and v != saved[k]]
+        if clash:
+            raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
+        cfg = {**saved, **{k: v for k, v in given.items() if k in SESSION_FIELDS or k == "max_steps"}}
+        cfg["stop_at"] = given.get("stop_at", 0)
+    cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
+    check_config(cfg)
+    return cfg, ckpt
+
+
+def check_config(cfg):
+    try:
+        GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    choices = dict(data=("fineweb-edu", "shakespeare", "arithmetic"),
+                   schedule=("cosine", "linear"), dtype=("auto", "bfloat16", "float32"), compile=("auto", "on", "off"))
+    for key, allowed in choices.items():
+        if cfg[key] not in allowed:
+            raise UsageError(f"--{key.replace('_', '-')}={cfg[key]!r}: choose from {', '.join(allowed)}")
+    for key in ("batch_size", "micro_batch_size", "max_steps", "eval_interval", "log_interval"):
+        if cfg[key] < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be positive, got {cfg[key]}")
+
+
+# -----------------------------------------------------------------------------
+# Data: language windows and arithmetic rows, both a pure function of (seed, step, rank)
+
+
+class TokenData:
+    def __init__(self, cfg):
+        self.train = prepare_data.load_tokens(cfg["data_dir"], "train")
+        val = prepare_data.load_tokens(cfg["data_dir"], "val")[0]
+        T = cfg["block_size"]
+        n = min(cfg["eval_tokens"], len(val) - 1) // T
+        if n < 1:
+            raise prepare_data.DataError(f"validation shard in {cfg['data_dir']} is shorter than one block of {T}")
+        # fixed windows from the start of val: every run is evaluated on the same tokens
+        self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
+        self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
+        self.sizes = np.array([len(s) - T - 1 for s in self.train])
+        if self.sizes.min() < 1:
+            raise prepare_data.DataError(f"a train shard in {cfg['data_dir']} is shorter than one block of {T}")
+        self.T = T
+
+    def batch(self, rng, n):
+        shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())
+        rows = [self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, rng.integers(0, self.sizes[shard]))]
+        rows = torch.from_numpy(np.stack(rows))
+        return rows[:, :-1], rows[:, 1:]
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val_x), size * world):
+            yield self.val_x[i: i + size], self.val_y[i: i + size]
+
+
+class ArithmeticData:
+    def __init__(self, cfg):
+        if not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
+            print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
+            prepare_data.prepare_arithmetic(cfg["data_dir"])
+        self.vocab, splits = prepare_data.load_arithmetic(cfg["data_dir"])
+        if len(self.vocab.itos) > cfg["vocab_size"]:
+            raise UsageError(f"--vocab-size={cfg['vocab_size']} is smaller than the task vocabulary ({len(self.vocab.itos)})")
+        self.T = cfg["block_size"]
+        self.train = [self.encode_row(line) for line in splits["train"]]
+        self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in prepare_data.OPERAND_COUNTS}
+        self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
+
+    def encode_row(self, line):
+        ids = self.vocab.encode(line) + [self.vocab.eos]
+        if len(ids) > self.T + 1:
+            raise UsageError(f"a sample of {len(ids)} tokens does not fit --block-size={self.T}")
+        return ids, line.split().index("=")
+
+    def collate(self, rows):
+        """Inputs padded with <eos>; targets only on the solution (after the first '='), -1 elsewhere."""
+        x = torch.full((len(rows), self.T), self.vocab.eos)
+        y = torch.full((len(rows), self.T), -1)
+        for i, (ids, eq) in enumerate(rows):
+            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
+            y[i, eq: len(ids) - 1] = torch.tensor(ids[eq + 1:])
+        return x, y
+
+    def batch(self, rng, n):
+        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val), size * world):
+            yield self.collate(self.val[i: i + size])
+
+
+def load_data(cfg):
+    return ArithmeticData(cfg) if cfg["data"] == "arithmetic" else TokenData(cfg)
+
+
+def batch_rng(seed, step, rank, micro):
+    return np.random.default_rng([seed, step, rank, micro])
+
+
+# -----------------------------------------------------------------------------
+# Evaluation (also used by sample.py)
+
+
+@torch.no_grad()
+def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world=1):
+    """Mean cross-entropy over the fixed validation set (summed over processes)."""
+    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of tokens)
+    for x, y in data.val_batches(micro_batch_size, rank, world):
+        x, y = x.to(device), y.to(device)
+        with autocast:
+            logits = model(x)[0]
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                                 reduction="sum")
+        total += torch.stack([loss.double(), (y != -1).sum().double()])
+    if world > 1:
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+@torch.no_grad()
+def arithmetic_accuracy(model, vocab, lines, device, batch_size=256, rank=0, world=1):
+    """Share of expressions whose greedy, open-ended solution ends in the right answer.
+    Prompts of equal length share a batch, so the KV cache needs no padding."""
+    by_length = {}
+    for i in range(rank, len(lines), world):
+        prompt, answer = prepare_data.split_sample(lines[i])
+        by_length.setdefault(len(prompt.split()), []).append((vocab.encode(prompt), answer))
+    correct = torch.zeros(2, device=device)  # (right answers, expressions)
+    for length, items in by_length.items():
+        for i in range(0, len(items), batch_size):
+            chunk = items[i: i + batch_size]
+            idx = torch.tensor([ids for ids, _ in chunk], device=device)
+            out = model.generate(idx, model.config.block_size - length, temperature=0, stop=vocab.eos)
+            for row, (_, answer) in zip(out[:, length:].tolist(), chunk):
+                correct[0] += prepare_data.final_answer(vocab.decode(row)) == answer
+            correct[1] += len(chunk)
+    if world > 1:
+        dist.all_reduce(correct)
+    return (correct[0] / correct[1].clamp(min=1)).item()
+
+
+def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
+    """Validation loss (and perplexity or arithmetic accuracies) as a dict."""
+    model.eval()
+    loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
+    out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
+    if isinstance(data, ArithmeticData):
+        for n, lines in data.tests.items():
+            with autocast:
+                out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
+    model.train()
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Optimiser and schedule
+
+
+def param_groups(model, cfg):
+    """Router: its own lr, no decay. Norms and the (tied) embedding: no decay. Matmul weights: decay."""
+    router, no_decay, decay = [], [], []
+    for name, p in model.named_parameters():
+        (router if "router" in name else no_decay if p.dim() < 2 or "wte" in name else decay).append(p)
+    groups = [dict(params=decay, weight_decay=cfg["weight_decay"], lr_scale=1.0),
+              dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
+              dict(params=router, weight_decay=0.0, lr_scale=cfg["router_lr"] / cfg["lr"])]
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters())), "every parameter in exactly one group"
+    return [g for g in groups if g["params"]]
+
+
+def learning_rate(step, cfg):
+    """Linear warm-up, then cosine (or linear) decay to min_lr at max_steps."""
+    if step < cfg["warmup_steps"]:
+        return cfg["lr"] * (step + 1) / cfg["warmup_steps"]
+    progress = min(1.0, (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"]))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg["schedule"] == "cosine" else 1 - progress
+    return cfg["min_lr"] + decay * (cfg["lr"] - cfg["min_lr"])
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints and logs
+
+
+def atomic_torch_save(obj, path):
+    prepare_data.atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def save_checkpoint(out_dir, raw_model, optimizer, step, cfg):
+    atomic_torch_save(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), step=step, config=cfg,
+                           data_state=dict(seed=cfg["seed"], next_step=step)), Path(out_dir) / "ckpt.pt")
+
+
+def load_model(ckpt, device="cpu"):
+    """The model of a checkpoint, rebuilt from its saved config (used by sample.py and analyze.py too)."""
+    model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in MODEL_FIELDS}))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device)
+
+
+class Log:
+    """<out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
+
+    def __init__(self, out_dir, resume_step=None):
+        self.path = Path(out_dir) / "log.jsonl"
+        if resume_step is not None and self.path.exists():  # forget what came after the checkpoint
+            keep = [l for l in self.path.read_text().splitlines() if json.loads(l)["step"] <= resume_step]
+            prepare_data.atomic_write(self.path, lambda f: f.write("".join(l + "\n" for l in keep).encode()))
+        elif resume_step is None:
+            self.path.unlink(missing_ok=True)
+
+    def write(self, **record):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def format_eta(seconds):
+    return f"{seconds / 3600:.1f}h" if seconds > 5400 else f"{seconds / 60:.1f}m" if seconds > 90 else f"{seconds:.0f}s"
+
+
+# -----------------------------------------------------------------------------
+
+
+def pick_device(name):
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def train(cfg, ckpt=None):
+    # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
+    ddp = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    device = pick_device(cfg["device"])
+    if ddp:
+        if device.startswith("cuda"):
+            device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    master = rank == 0
+    say = print if master else (lambda *a, **k: None)
+    device_type = device.split(":")[0]
+    if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
+        raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
+                         f"{cfg['micro_batch_size']} x {world} processes")
+    accum = cfg["batch_size"] // (cfg["micro_batch_size"] * world)
+    dtype = cfg["dtype"] if cfg["dtype"] != "auto" else "bfloat16" if device_type == "cuda" else "float32"
+    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    data = load_data(cfg)
+    if cfg["epochs"] > 0 and isinstance(data, ArithmeticData) and ckpt is None:
+        cfg["max_steps"] = math.ceil(cfg["epochs"] * len(data.train) / cfg["batch_size"])
+    torch.manual_seed(cfg["seed"])
+    model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
+                                  eps=cfg["eps"], fused=device_type == "cuda")
+    start = 0
+    if ckpt is not None:
+        if ckpt["step"] >= cfg["max_steps"]:
+            raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start = ckpt["step"]
+    raw_model = model
+    if cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda"):
+        model = torch.compile(model)
+    if ddp:
+        model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
+
+    out_dir = Path(cfg["out_dir"])
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        prepare_data.atomic_write(out_dir / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
+        log = Log(out_dir, start if ckpt is not None else None)
+    counts = raw_model.num_params()
+    flops_per_token = raw_model.estimate_flops(cfg["block_size"])
+    tokens_per_step = cfg["batch_size"] * cfg["block_size"]
+    peak = next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None) \
+        if device_type == "cuda" and dtype == "bfloat16" else None
+    say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
+        f"compile {model is not raw_model}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
+        f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
+    last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
+
+    def checkpoint(step):
+        if master:
+            save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
+
+    def run_eval(step):
+        t = time.time()
+        metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
+        if master:
+            log.write(step=step, **metrics)
+            say(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f" ({time.time() - t:.1f}s)")
+        if not math.isfinite(metrics["val_loss"]):
+            raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
+        return metrics
+
+    def sync():
+        if device_type == "cuda":
+            torch.cuda.synchronize(device)
+
+    step, timed_steps, timed_seconds, metrics = start, 0, 0.0, {}
+    sync()
+    window_start, window_steps = time.time(), 0
+    try:
+        while step < last_step:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = data.batch(batch_rng(cfg["seed"], step, rank, micro), cfg["micro_batch_size"])
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                # DDP averages gradients over processes only on the last micro-step
+                with nullcontext() if not ddp or micro == accum - 1 else model.no_sync():
+                    with autocast:
+                        loss = model(x, y)[1] / accum
+                    loss.backward()
+                loss_sum += loss.detach()
+            if cfg["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            window_steps += 1
+            if step % cfg["log_interval"] == 0 or step == last_step:
+                loss_value = loss_sum.item()  # waits for the device
+                if not math.isfinite(loss_value):
+                    raise FloatingPointError(f"training loss is {loss_value} at step {step}")
+                sync()
+                dt = time.time() - window_start
+                timed_steps, timed_seconds = timed_steps + window_steps, timed_seconds + dt
+                ms = 1000 * dt / window_steps
+                tok_s = tokens_per_step * window_steps / dt
+                mfu = f" | MFU {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
+                lr = learning_rate(step - 1, cfg)
+                say(f"step {step}/{cfg['max_steps']} | loss {loss_value:.4f} | lr {lr:.2e} | {ms:.0f} ms/step | "
+                    f"{tok_s:,.0f} tok/s{mfu} | ETA {format_eta((last_step - step) * ms / 1000)}")
+                if master:
+                    log.write(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
+                window_start, window_steps = time.time(), 0
+            if step % cfg["eval_interval"] == 0 or step == cfg["max_steps"]:
+                metrics = run_eval(step)
+                checkpoint(step)
+                sync()
+                window_start, window_steps = time.time(), 0
+    except KeyboardInterrupt:
+        checkpoint(step)
+        say(f"\ninterrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
+        raise SystemExit(130)
+    except FloatingPointError as e:
+        say(f"error: {e}; stopping. The last good checkpoint stays in {out_dir} (lower --lr?)")
+        raise SystemExit(1)
+    if step != cfg["max_steps"]:
+        if step % cfg["eval_interval"]:
+            checkpoint(step)
+        say(f"stopped after step {step} (--stop-at); continue with --resume")
+    elif master:
+        peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], parameters=counts,
+                       steps=step, tokens_seen=step * tokens_per_step, **metrics,
+                       tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
+                       peak_memory_bytes=peak_mem, device=device, world_size=world)
+        prepare_data.atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+        say(f"done: {out_dir / 'summary.json'}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if ddp:
+        dist.destroy_process_group()
+    return metrics
+
+
+def main(argv=None):
+    cfg = None
+    try:
+        cfg, ckpt = resolve_config(argv)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print("config: " + json.dumps(cfg))
+        return train(cfg, ckpt)
+    except UsageError as e:
+        sys.exit(f"train.py: error: {e}")
+    except prepare_data.DataError as e:
+        sys.exit(f"train.py: error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
+                 f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
+                 "(the offline --preset=tiny needs no download)")
+
+
+if __name__ == "__main__":
+    main()
