@@ -237,6 +237,45 @@ def render(node, parent_prec=0, right_side=False):
     return f"( {text} )" if prec < parent_prec or (right_side and prec == parent_prec) else text
 
 
+def parse_expression(text):
+    """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3); DataError unless every step is valid for the task."""
+    tokens, pos = text.split(), 0
+
+    def parse(level):  # level 1: + -, level 2: * /, level 3: a number or ( ... )
+        nonlocal pos
+        if level == 3:
+            tok = tokens[pos] if pos < len(tokens) else "end of input"
+            pos += 1
+            if tok == "(":
+                node = parse(1)
+                if pos >= len(tokens) or tokens[pos] != ")":
+                    raise DataError(f"missing ')' in {text!r}")
+                pos += 1
+                return node
+            if not tok.isdigit():
+                raise DataError(f"expected a number, got {tok!r} in {text!r}")
+            return int(tok)
+        node = parse(level + 1)
+        while pos < len(tokens) and PRECEDENCE.get(tokens[pos]) == level:
+            op = tokens[pos]
+            pos += 1
+            node = (op, node, parse(level + 1))
+        return node
+
+    node = parse(1)
+    if pos != len(tokens):
+        raise DataError(f"unexpected {tokens[pos]!r} in {text!r}")
+    check = [node]
+    while check:  # every operation must give an integer in 0..MAX_VALUE, as in the task
+        n = check.pop()
+        if isinstance(n, tuple):
+            a, b = evaluate(n[1]), evaluate(n[2])
+            if (n[0] == "/" and (b == 0 or a % b)) or not 0 <= OPS[n[0]](a, b) <= MAX_VALUE:
+                raise DataError(f"{render(n)} does not give a whole number in 0..{MAX_VALUE}, as the task requires")
+            check += [n[1], n[2]]
+    return node
+
+
 def solve_step(node):
     """Carry out the leftmost operation whose operands are both numbers."""
     op, left, right = node

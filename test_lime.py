@@ -622,3 +622,90 @@ def test_two_process_ddp_on_cpu(arith_dir, tmp_path):
     assert summary["world_size"] == 2 and math.isfinite(summary["val_loss"])
     # 2 processes x micro-batch 4 = the batch of 8 in a single micro-step each
     assert "1 micro-step(s) of 4" in result.stdout
+
+
+# ---- sampling -------------------------------------------------------------------------
+
+import sample
+
+
+@pytest.fixture(scope="session")
+def arith_run(arith_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith_run")
+    train.main(tiny_args(arith_dir, out, "--max-steps=6"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def language_run(tmp_path_factory):
+    """A few steps on GPT-2-format shards of text tokenised with the small test encoding."""
+    data, out = tmp_path_factory.mktemp("lang_data"), tmp_path_factory.mktemp("lang_run")
+    enc = small_encoding()
+    text = "To be, or not to be, that is the question. " * 200
+    pd.write_shard(data / "text_train_000000.bin", [enc.eot_token] + enc.encode_ordinary(text))
+    pd.write_shard(data / "text_val_000000.bin", [enc.eot_token] + enc.encode_ordinary(text[:2000]))
+    train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={data}", f"--out-dir={out}", "--vocab-size=320",
+                "--block-size=32", "--n-layer=2", "--n-embd=32", "--n-head=2", "--n-kv-head=2", "--batch-size=8",
+                "--micro-batch-size=8", "--max-steps=6", "--eval-interval=6", "--eval-tokens=512"])
+    return out
+
+
+def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
+    first = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
+    again = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
+    assert first == again and len(first) == 4
+    model = train.load_model(torch.load(arith_run / "ckpt.pt", weights_only=True)).eval()
+    vocab, _ = pd.load_arithmetic(json.loads((arith_run / "config.json").read_text())["data_dir"])
+    for ids in first:
+        n_prompt = ids.index(vocab.stoi["="]) + 1
+        ref = model.generate(torch.tensor([ids[:n_prompt]]), 64 - n_prompt, temperature=0, stop=vocab.eos)
+        assert ref[0].tolist() == ids
+    lines = [l for l in capsys.readouterr().out.splitlines() if "tokens/s" in l]
+    assert len(lines) == 8 and all(("[right]" in l) or ("[wrong, the answer is" in l) for l in lines)
+
+
+def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
+    sample.main(["--out-dir", str(arith_run), "--start", "( 7 + 5 ) / 3", "--num-samples", "1"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("( 7 + 5 ) / 3 = ") and ("[right]" in line or "the answer is 4]" in line)
+
+
+def test_sample_eval_matches_train(arith_run, language_run, capsys):
+    summary = json.loads((arith_run / "summary.json").read_text())
+    metrics = sample.main(["--out-dir", str(arith_run), "--eval"])
+    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl", "acc_4", "acc_5", "acc_6")}
+    summary = json.loads((language_run / "summary.json").read_text())
+    metrics = sample.main(["--out-dir", str(language_run), "--eval"])
+    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
+
+
+def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("To be")
+    outs = sample.main(["--out-dir", str(language_run), "--start", f"FILE:{prompt}", "--num-samples", "2",
+                        "--max-new-tokens", "10", "--temperature", "0"])
+    assert len(outs) == 2 and outs[0] == outs[1] and len(outs[0]) == len("To be") + 10
+    assert capsys.readouterr().out.startswith("To be") and small_encoding().decode(outs[0][:5]) == "To be"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--start", ""], "--start is empty"),
+    (["--start", "1 + " * 40 + "1"], "the prompt is 82 tokens; the model's block size is 64"),
+    (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
+    (["--start", "7 + x"], "expected a number, got 'x'"),
+    (["--start", "1000 - 1"], "'1000' is not in the task vocabulary"),
+    (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
+])
+def test_sample_bad_input(arith_run, args, message):
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--out-dir", str(arith_run), *args])
+    assert str(e.value).startswith("sample.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sample_missing_or_unreadable_checkpoint(tmp_path):
+    with pytest.raises(SystemExit, match="no checkpoint at"):
+        sample.main(["--out-dir", str(tmp_path)])
+    (tmp_path / "ckpt.pt").write_text("garbage")
+    with pytest.raises(SystemExit, match="cannot read"):
+        sample.main(["--out-dir", str(tmp_path)])

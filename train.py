@@ -165,8 +165,7 @@ def check_config(cfg):
 
 
 class TokenData:
-    def __init__(self, cfg):
-        self.train = prepare_data.load_tokens(cfg["data_dir"], "train")
+    def __init__(self, cfg, with_train=True):
         val = prepare_data.load_tokens(cfg["data_dir"], "val")[0]
         T = cfg["block_size"]
         n = min(cfg["eval_tokens"], len(val) - 1) // T
@@ -175,10 +174,12 @@ class TokenData:
         # fixed windows from the start of val: every run is evaluated on the same tokens
         self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
         self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
-        self.sizes = np.array([len(s) - T - 1 for s in self.train])
-        if self.sizes.min() < 1:
-            raise prepare_data.DataError(f"a train shard in {cfg['data_dir']} is shorter than one block of {T}")
         self.T = T
+        if with_train:
+            self.train = prepare_data.load_tokens(cfg["data_dir"], "train")
+            self.sizes = np.array([len(s) - T - 1 for s in self.train])
+            if self.sizes.min() < 1:
+                raise prepare_data.DataError(f"a train shard in {cfg['data_dir']} is shorter than one block of {T}")
 
     def batch(self, rng, n):
         shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())
@@ -192,7 +193,7 @@ class TokenData:
 
 
 class ArithmeticData:
-    def __init__(self, cfg):
+    def __init__(self, cfg, with_train=True):
         if not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
             print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
             prepare_data.prepare_arithmetic(cfg["data_dir"])
@@ -200,7 +201,7 @@ class ArithmeticData:
         if len(self.vocab.itos) > cfg["vocab_size"]:
             raise UsageError(f"--vocab-size={cfg['vocab_size']} is smaller than the task vocabulary ({len(self.vocab.itos)})")
         self.T = cfg["block_size"]
-        self.train = [self.encode_row(line) for line in splits["train"]]
+        self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
         self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in prepare_data.OPERAND_COUNTS}
         self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
 
@@ -227,8 +228,8 @@ class ArithmeticData:
             yield self.collate(self.val[i: i + size])
 
 
-def load_data(cfg):
-    return ArithmeticData(cfg) if cfg["data"] == "arithmetic" else TokenData(cfg)
+def load_data(cfg, with_train=True):
+    return (ArithmeticData if cfg["data"] == "arithmetic" else TokenData)(cfg, with_train)
 
 
 def batch_rng(seed, step, rank, micro):

@@ -1,0 +1,148 @@
+"""
+Generates from a checkpoint of train.py, or evaluates it.
+
+    python sample.py --out-dir out/tiny-lime                          # random test expressions, solved
+    python sample.py --out-dir out/tiny-lime --start "( 7 + 5 ) / 3"   # your own expression
+    python sample.py --out-dir out/tiny-lime --eval                   # accuracy per operand count
+    python sample.py --out-dir out/150m-lime --start "The meaning of" --num-samples 3
+    python sample.py --out-dir out/150m-lime --eval                   # validation perplexity
+
+The model is rebuilt from the config saved in the checkpoint: no model flags to repeat.
+Language checkpoints decode with the GPT-2 tokenizer, arithmetic ones with the task
+vocabulary. Generation uses the KV cache.
+"""
+
+import argparse
+import random
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+import prepare_data
+import train
+
+
+def load_checkpoint(out_dir, device):
+    path = Path(out_dir) / "ckpt.pt"
+    if not path.exists():
+        raise train.UsageError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        model = train.load_model(ckpt, device)
+    except Exception as e:
+        raise train.UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    return ckpt["config"], model.eval()
+
+
+class Codec:
+    """Text <-> token ids for a checkpoint: GPT-2 for language, the task vocabulary for arithmetic."""
+
+    def __init__(self, cfg):
+        self.arithmetic = cfg["data"] == "arithmetic"
+        if self.arithmetic:
+            self.vocab, self.splits = prepare_data.load_arithmetic(cfg["data_dir"])
+        else:
+            self.enc = prepare_data.gpt2_encoding()
+
+    def encode(self, text):
+        if self.arithmetic:
+            text = text.strip().removesuffix("=").strip()
+            prepare_data.parse_expression(text)  # a clear error for anything that is not a task expression
+            return self.vocab.encode(text + " =")
+        return self.enc.encode(text, allowed_special={"<|endoftext|>"})
+
+    def decode(self, ids):
+        return self.vocab.decode(ids) if self.arithmetic else self.enc.decode(ids)
+
+
+def prompts(args, codec, n):
+    """The prompt texts: --start (text or FILE:path), else random test expressions or <|endoftext|>."""
+    if args.start is None:
+        if codec.arithmetic:
+            rng = random.Random(args.seed)
+            tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
+            return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, n)]
+        return ["<|endoftext|>"] * n
+    text = args.start
+    if text.startswith("FILE:"):
+        try:
+            text = Path(text[5:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise train.UsageError(f"--start {args.start}: {e.strerror}") from None
+    if not text.strip():
+        raise train.UsageError("--start is empty: give some text (or leave it out)")
+    return [text] * n
+
+
+def generate(model, codec, args, device, autocast):
+    block_size = model.config.block_size
+    for text in prompts(args, codec, args.num_samples):
+        ids = codec.encode(text)
+        if max(ids) >= model.config.vocab_size:
+            raise train.UsageError(f"token {max(ids)} is outside the model's vocabulary of {model.config.vocab_size}")
+        if len(ids) >= block_size:
+            raise train.UsageError(f"the prompt is {len(ids)} tokens; the model's block size is {block_size}")
+        max_new = min(args.max_new_tokens, block_size - len(ids))
+        idx = torch.tensor([ids], device=device)
+        t = time.time()
+        with autocast:
+            out = model.generate(idx, max_new, temperature=args.temperature, top_k=args.top_k,
+                                 stop=codec.vocab.eos if codec.arithmetic else None)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        new = out[0, len(ids):].tolist()
+        speed = f"{len(new) / (time.time() - t):,.0f} tokens/s"
+        if codec.arithmetic:
+            solution = codec.decode(new).split("<eos>")[0].strip()
+            got = prepare_data.final_answer(solution)
+            answer = prepare_data.evaluate(prepare_data.parse_expression(codec.decode(ids[:-1])))
+            verdict = "right" if got == answer else f"wrong, the answer is {answer}"
+            print(f"{codec.decode(ids)} {solution}   [{verdict}] ({speed})")
+        else:
+            print(f"{codec.decode(ids)}{codec.decode(new)}\n--- {len(new)} tokens, {speed}")
+        yield ids + new
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
+    p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
+                                   "(default: random test expressions / <|endoftext|>)")
+    p.add_argument("--num-samples", type=int, default=3, help="how many samples to generate")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample at most")
+    p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy "
+                                                     "(default: 0 for arithmetic, 0.8 for language)")
+    p.add_argument("--top-k", type=int, help="sample only from the k most likely tokens (default: 200 for language)")
+    p.add_argument("--seed", type=int, default=1337, help="random seed for sampling and for picking expressions")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
+    p.add_argument("--eval", action="store_true", help="evaluate instead: accuracy per operand count "
+                                                       "(arithmetic) or validation perplexity (language)")
+    args = p.parse_args(argv)
+    try:
+        device = train.pick_device(args.device)
+        cfg, model = load_checkpoint(args.out_dir, device)
+        cfg["data_dir"] = args.data_dir or cfg["data_dir"]
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+        if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
+            metrics = train.evaluate(model, model, train.load_data(cfg, with_train=False), cfg, device, autocast)
+            print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            return metrics
+        codec = Codec(cfg)
+        if args.temperature is None:
+            args.temperature = 0.0 if codec.arithmetic else 0.8
+        if args.top_k is None and not codec.arithmetic:
+            args.top_k = 200
+        if args.num_samples < 1 or args.max_new_tokens < 1 or args.temperature < 0:
+            raise train.UsageError("--num-samples and --max-new-tokens must be positive, --temperature >= 0")
+        torch.manual_seed(args.seed)
+        return list(generate(model, codec, args, device, autocast))
+    except (train.UsageError, prepare_data.DataError) as e:
+        sys.exit(f"sample.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
