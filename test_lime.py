@@ -562,7 +562,7 @@ def test_missing_language_data_says_how_to_prepare(tmp_path):
     with pytest.raises(SystemExit) as e:
         train.main(["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"])
     msg = str(e.value)
-    assert "no train shards" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
+    assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
     assert "\n" not in msg and not (tmp_path / "run").exists()
 
 
