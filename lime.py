@@ -78,32 +78,76 @@ def source_layers(mode, J, layer):
 # Routing
 
 
-class Mix(torch.autograd.Function):
-    """out = einsum(eq, weight, stack(kvs, dim=1)), saving the kvs themselves for backward.
+class KVBuffer:
+    """Every layer's K/V for one forward pass, in one tensor laid out slot-major: row
+    `layer * n_kv_head + head` holds that head's B*T*2*head_dim numbers. Routing layer l is
+    then a single matrix product R^(l) @ rows[:(l+1) * n_kv_head], with no copies."""
 
-    Autograd through torch.stack would save the stacked copy: a new (l+1)-slice tensor per
-    layer, O(L^2) memory over the network. Each kv here is the output of its own layer's
-    projection, already alive, so saving the list costs nothing new; backward restacks it.
+    def __init__(self, n_layer, n_kv_head):
+        self.n_slots, self.n_kv = n_layer * n_kv_head, n_kv_head
+        self.data = self.grad = None  # (n_slots, B*T*2*head_dim), made on first use in the K/V's dtype
+
+    def rows(self, t, first_layer, end_layer):
+        return t[first_layer * self.n_kv: end_layer * self.n_kv]
+
+
+class Route(torch.autograd.Function):
+    """Writes layer `layer`'s K/V (B, T, n_kv, D) into the buffer, returns the routed K/V
+    (n_kv, B, T, D) mixed from the source layers `runs` (contiguous (first, end) ranges).
+
+    Memory: the buffer holds each layer's K/V once, and it is the only thing saved for
+    backward (one storage for all layers). Autograd through torch.cat or torch.stack would
+    save a fresh (l+1)-layer copy per layer, O(L^2). Writes go through `.data`, so later
+    layers' writes do not trip autograd's version check on what earlier layers saved: a
+    layer only reads rows that are final before it runs.
+
+    Backward runs from the last layer down; each layer adds its share into `grad` rows in
+    place. When layer l's turn comes every later layer has already sent its share to slot
+    l, so the gradient of layer l's own K/V is complete and goes back to autograd.
     """
 
     @staticmethod
-    def forward(ctx, eq, weight, *kvs):
-        buf = torch.stack(kvs, dim=1)  # (B, n_src, n_kv, T, 2*head_dim), a temporary
-        ctx.eq = eq
-        ctx.save_for_backward(weight, *kvs)
-        return torch.einsum(eq, weight.to(buf.dtype), buf)
+    def forward(ctx, weight, kv, buf, layer, runs, dynamic):
+        B, T, n_kv, D = kv.shape
+        if buf.data is None:
+            buf.data = kv.new_empty(buf.n_slots, B * T * D)
+        buf.rows(buf.data.data, layer, layer + 1).view(n_kv, B, T, D).copy_(kv.permute(2, 0, 1, 3))
+        w = weight.to(kv.dtype)
+        if dynamic:  # w (n_src, n_kv, B*T): per-token weights over layers 0..l, within each head
+            out = (w.unsqueeze(-1) * buf.rows(buf.data, 0, layer + 1).view(*w.shape, D)).sum(0)
+        else:  # w (n_kv, n_src, n_kv): one product per contiguous run of source layers
+            out, col = 0, 0
+            for first, end in runs:
+                out = out + w[:, col: col + end - first].flatten(1) @ buf.rows(buf.data, first, end)
+                col += end - first
+        ctx.save_for_backward(weight, buf.data)
+        ctx.buf, ctx.layer, ctx.runs, ctx.dynamic, ctx.shape = buf, layer, runs, dynamic, kv.shape
+        return out.view(n_kv, B, T, D)
 
     @staticmethod
     def backward(ctx, grad):
-        weight, *kvs = ctx.saved_tensors
-        inputs, out_idx = ctx.eq.split("->")
-        w_idx, b_idx = inputs.split(",")
-        buf = torch.stack(kvs, dim=1)
+        weight, data = ctx.saved_tensors
+        buf, (B, T, n_kv, D) = ctx.buf, ctx.shape
+        if buf.grad is None:  # the last layer's backward comes first
+            buf.grad = torch.zeros_like(data)
+        g = grad.reshape(n_kv, B * T * D).to(data.dtype)
+        w = weight.to(data.dtype)
+        need_w = ctx.needs_input_grad[0]  # not for the fixed weights of `average` and layer 0
         grad_w = None
-        if ctx.needs_input_grad[1]:  # the fixed `average` weight needs none
-            grad_w = torch.einsum(f"{out_idx},{b_idx}->{w_idx}", grad, buf).to(weight.dtype)
-        grad_buf = torch.einsum(f"{w_idx},{out_idx}->{b_idx}", weight.to(grad.dtype), grad)
-        return None, grad_w, *grad_buf.unbind(dim=1)
+        if ctx.dynamic:
+            rows = buf.rows(data, 0, ctx.layer + 1).view(*w.shape, D)  # (n_src, n_kv, B*T, D)
+            grad_w = (rows * g.view(n_kv, B * T, D)).sum(-1)
+            buf.rows(buf.grad, 0, ctx.layer + 1).view_as(rows).add_(w.unsqueeze(-1) * g.view(n_kv, B * T, D))
+        else:
+            parts, col = [], 0
+            for first, end in ctx.runs:
+                if need_w:
+                    parts.append(g @ buf.rows(data, first, end).t())
+                buf.rows(buf.grad, first, end).addmm_(w[:, col: col + end - first].flatten(1).t(), g)
+                col += end - first
+            grad_w = torch.cat(parts, dim=1).view_as(w) if need_w else None
+        grad_kv = buf.rows(buf.grad, ctx.layer, ctx.layer + 1).view(n_kv, B, T, D).permute(1, 2, 0, 3)
+        return grad_w if grad_w is None else grad_w.to(weight.dtype), grad_kv, None, None, None, None
 
 
 class Router(nn.Module):
@@ -112,40 +156,58 @@ class Router(nn.Module):
     Static modes hold R as (n_kv_head, n_src, n_kv_head) for the allowed source layers
     only, so excluded sources are zero by construction and stay zero in training.
     `dynamic` mixes layers within each head with per-token weights: a static part plus
-    a zero-initialised linear map of the (normalised) attention input.
+    a zero-initialised linear map of the (normalised) attention input. Layer 0 and
+    `average` have a fixed weight (the identity at layer 0) and no parameters.
     """
 
     def __init__(self, config, layer):
         super().__init__()
         self.mode, J = parse_router(config.router)
-        self.sources = source_layers(self.mode, J, layer)
+        self.layer, self.sources = layer, source_layers(self.mode, J, layer)
+        self.runs = [(a, b + 1) for a, b in _runs(self.sources)]
+        self.dynamic = self.mode == "dynamic" and layer > 0
         n_kv, n_src = config.n_kv_head, len(self.sources)
-        if self.mode == "average":  # fixed: same head, uniform over layers 0..l
+        if self.mode == "average" or layer == 0:  # fixed: same head, uniform over layers 0..l
             w = torch.eye(n_kv).unsqueeze(1).expand(n_kv, n_src, n_kv) / n_src
             self.register_buffer("weight", w.contiguous(), persistent=False)
-        elif self.mode == "dynamic":
+        elif self.dynamic:
             self.weight = nn.Parameter(torch.empty(n_kv, n_src))
             self.proj = nn.Linear(config.n_embd, n_kv * n_src, bias=False)
         else:
             self.weight = nn.Parameter(torch.empty(n_kv, n_src, n_kv))
 
-    def forward(self, kvs, x):
-        srcs = [kvs[i] for i in self.sources]  # each (B, n_kv, T, 2*head_dim)
-        if self.mode != "dynamic":
-            return Mix.apply("hlk,blktd->bhtd", self.weight, *srcs)
-        B, T, _ = x.shape
-        w = self.proj(x).view(B, T, *self.weight.shape).transpose(1, 2) + self.weight[:, None]  # (B, n_kv, T, n_src)
-        return Mix.apply("bhtl,blhtd->bhtd", w, *srcs)
+    # torch.compile cannot follow the buffer that is kept outside autograd's view, so the
+    # routing runs eagerly: one graph break per layer, attention and MLP compile around it
+    @torch.compiler.disable
+    def forward(self, kv, x, buf):
+        """kv (B, T, n_kv, D) this layer's own K/V, x (B, T, C) its input -> (n_kv, B, T, D)."""
+        w = self.weight
+        if self.dynamic:
+            B, T, _ = x.shape
+            # (B*T, n_kv, n_src) -> (n_src, n_kv, B*T), plus the static part
+            w = self.proj(x).view(B * T, *w.shape).permute(2, 1, 0) + w.t().unsqueeze(-1)
+        return Route.apply(w, kv, buf, self.layer, self.runs, self.dynamic)
 
     def dense_weight(self, n_layer_here):
         """R as (n_kv, l + 1, n_kv): zeros for sources this router cannot read."""
         n_kv = self.weight.shape[0]
         R = self.weight.new_zeros(n_kv, n_layer_here, n_kv)
         w = self.weight.detach()
-        if self.mode == "dynamic":  # (n_kv, n_src) within-head weights -> (n_kv, n_src, n_kv)
+        if self.dynamic:  # (n_kv, n_src) within-head weights -> (n_kv, n_src, n_kv)
             w = w[:, :, None] * torch.eye(n_kv, device=w.device)[:, None, :]
         R[:, self.sources] = w
         return R
+
+
+def _runs(sorted_ints):
+    """[0, 1, 2, 7] -> [(0, 2), (7, 7)]: maximal runs of consecutive integers."""
+    runs = []
+    for i in sorted_ints:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 # -----------------------------------------------------------------------------
@@ -192,17 +254,17 @@ class Attention(nn.Module):
         # one projection for keys and values: they are routed together, as one 2*head_dim vector
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # layer 0 has nothing earlier to read; `none` is the LLaMA baseline
-        self.router = Router(config, layer) if layer > 0 and config.router != "none" else None
+        # `none` is the LLaMA baseline: no buffer, no router
+        self.router = Router(config, layer) if config.router != "none" else None
 
-    def forward(self, x, kvs, cos, sin, cache=None):
+    def forward(self, x, buf, cos, sin, cache=None):
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
-        kv = self.c_kv(x).view(B, T, self.n_kv_head, 2 * self.head_dim).transpose(1, 2)  # (B, n_kv, T, 2*head_dim)
-        if kvs is not None:
-            kvs.append(kv)
-        if self.router is not None:
-            kv = self.router(kvs, x)  # (B, n_kv, T, 2*head_dim)
+        kv = self.c_kv(x).view(B, T, self.n_kv_head, 2 * self.head_dim)  # (B, T, n_kv, 2*head_dim)
+        if self.router is None:
+            kv = kv.transpose(1, 2)  # (B, n_kv, T, 2*head_dim)
+        else:
+            kv = self.router(kv, x, buf).transpose(0, 1)  # (n_kv, B, T, 2*head_dim) -> (B, n_kv, T, 2*head_dim)
         k, v = kv.split(self.head_dim, dim=-1)  # each (B, n_kv, T, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         causal = True
@@ -234,8 +296,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, kvs, cos, sin, cache=None):
-        x = x + self.attn(self.ln_1(x), kvs, cos, sin, cache)
+    def forward(self, x, buf, cos, sin, cache=None):
+        x = x + self.attn(self.ln_1(x), buf, cos, sin, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -272,7 +334,7 @@ class GPT(nn.Module):
                 w = module.weight  # (n_kv, n_src, n_kv), or (n_kv, n_src) within-head for `dynamic`
                 fan_in = w[0].numel()
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
-                w[:, -1] = 1.0 if module.mode == "dynamic" else torch.eye(w.shape[0])
+                w[:, -1] = 1.0 if module.dynamic else torch.eye(w.shape[0])
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -281,10 +343,10 @@ class GPT(nn.Module):
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, head_dim/2)
-        kvs = [] if self.config.router != "none" else None  # the per-layer K/V buffers
+        buf = KVBuffer(self.config.n_layer, self.config.n_kv_head) if self.config.router != "none" else None
         x = self.transformer.wte(idx)  # (B, T, n_embd)
         for block in self.transformer.h:
-            x = block(x, kvs, cos, sin, cache)
+            x = block(x, buf, cos, sin, cache)
         if cache is not None:
             cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -365,7 +427,7 @@ class GPT(nn.Module):
         routing = 0
         for block in self.transformer.h:
             router = block.attn.router
-            if router is not None:
+            if router is not None and router.layer > 0:  # layer 0 only copies its own K/V
                 n_coef = router.weight.numel() if router.mode != "average" else c.n_kv_head * len(router.sources)
                 routing += 6 * n_coef * 2 * head_dim
         return 6 * dense + attention + routing

@@ -405,7 +405,8 @@ def train(cfg, ckpt=None):
         optimizer.load_state_dict(ckpt["optimizer"])
         start = ckpt["step"]
     raw_model = model
-    if cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda"):
+    compiled = cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda")
+    if compiled:
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
@@ -421,7 +422,7 @@ def train(cfg, ckpt=None):
     peak = next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None) \
         if device_type == "cuda" and dtype == "bfloat16" else None
     say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
-        f"compile {model is not raw_model}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
+        f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
 
@@ -508,6 +509,7 @@ def train(cfg, ckpt=None):
         prepare_data.atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
         say(f"done: {out_dir / 'summary.json'}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     if ddp:
+        dist.barrier()  # let rank 0 finish writing before the group goes away
         dist.destroy_process_group()
     return metrics
 
