@@ -3,8 +3,8 @@ LIMe (Layer-Integrated Memory): a LLaMA-style decoder in which every attention l
 reads the keys and values of all earlier layers, not only its own.
 
 A vanilla decoder layer l computes K_l, V_l from its own residual stream and attends
-over them. Here layer l first writes its own K/V (per kv-head, before RoPE) to a list
-of buffers, then builds the K/V it attends over as a learned mixture of every buffered
+over them. Here layer l first writes its own K/V (per kv-head, before RoPE) to a buffer
+shared by all layers, then builds the K/V it attends over as a learned mixture of every buffered
 (layer, head) pair up to and including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
@@ -18,10 +18,11 @@ cache holds the routed, rotated K/V: exactly the size of a normal cache.
 
 What differs from nanoGPT, in reading order:
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `Router` and `mix`: the routing, with the ablation modes of the paper (`none`,
-    `lime`, `average`, `last-J`, `first-J`, `dynamic`). `mix` is a small autograd
-    Function that saves each layer's K/V once for backward, so training memory stays
-    O(L); the official code saves a freshly concatenated buffer per layer, O(L^2).
+  * `KVBuffer`, `Route`, `Router`: the routing, with the ablation modes of the paper
+    (`none`, `lime`, `average`, `last-J`, `first-J`, `dynamic`). `Route` is an autograd
+    Function with a hand-written backward over one preallocated buffer: each layer's K/V
+    is stored once, so training memory stays O(L) (the official code saves a freshly
+    concatenated buffer per layer, O(L^2)), and routing a layer is one matrix product.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis.
 """
 
@@ -128,8 +129,8 @@ class Route(torch.autograd.Function):
     def backward(ctx, grad):
         weight, data = ctx.saved_tensors
         buf, (B, T, n_kv, D) = ctx.buf, ctx.shape
-        if buf.grad is None:  # the last layer's backward comes first
-            buf.grad = torch.zeros_like(data)
+        if ctx.layer == buf.n_slots // buf.n_kv - 1:  # the last layer's backward comes first
+            buf.grad = torch.zeros_like(data)  # (again, if a retained graph is run backward twice)
         g = grad.reshape(n_kv, B * T * D).to(data.dtype)
         w = weight.to(data.dtype)
         need_w = ctx.needs_input_grad[0]  # not for the fixed weights of `average` and layer 0
@@ -164,7 +165,12 @@ class Router(nn.Module):
         super().__init__()
         self.mode, J = parse_router(config.router)
         self.layer, self.sources = layer, source_layers(self.mode, J, layer)
-        self.runs = [(a, b + 1) for a, b in _runs(self.sources)]
+        self.runs = []  # the sources as contiguous (first, end) ranges: one matrix product each
+        for j in self.sources:
+            if self.runs and self.runs[-1][1] == j:
+                self.runs[-1] = (self.runs[-1][0], j + 1)
+            else:
+                self.runs.append((j, j + 1))
         self.dynamic = self.mode == "dynamic" and layer > 0
         n_kv, n_src = config.n_kv_head, len(self.sources)
         if self.mode == "average" or layer == 0:  # fixed: same head, uniform over layers 0..l
@@ -188,26 +194,15 @@ class Router(nn.Module):
             w = self.proj(x).view(B * T, *w.shape).permute(2, 1, 0) + w.t().unsqueeze(-1)
         return Route.apply(w, kv, buf, self.layer, self.runs, self.dynamic)
 
-    def dense_weight(self, n_layer_here):
+    def dense_weight(self):
         """R as (n_kv, l + 1, n_kv): zeros for sources this router cannot read."""
         n_kv = self.weight.shape[0]
-        R = self.weight.new_zeros(n_kv, n_layer_here, n_kv)
+        R = self.weight.new_zeros(n_kv, self.layer + 1, n_kv)
         w = self.weight.detach()
         if self.dynamic:  # (n_kv, n_src) within-head weights -> (n_kv, n_src, n_kv)
             w = w[:, :, None] * torch.eye(n_kv, device=w.device)[:, None, :]
         R[:, self.sources] = w
         return R
-
-
-def _runs(sorted_ints):
-    """[0, 1, 2, 7] -> [(0, 2), (7, 7)]: maximal runs of consecutive integers."""
-    runs = []
-    for i in sorted_ints:
-        if runs and runs[-1][1] == i - 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    return runs
 
 
 # -----------------------------------------------------------------------------
@@ -395,7 +390,7 @@ class GPT(nn.Module):
                 R = torch.zeros(n_kv, layer + 1, n_kv, device=self.rope_cos.device)
                 R[:, layer] = torch.eye(n_kv)
             else:
-                R = router.dense_weight(layer + 1)
+                R = router.dense_weight()
             out.append(R)
         return out
 

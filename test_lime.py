@@ -93,6 +93,29 @@ def test_gradients_reach_router(mode):
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
 
+def test_routed_gradients_equal_autograd_through_a_stack(monkeypatch):
+    """The hand-written backward of the K/V buffer against plain autograd, twice over one graph."""
+    model = small_model("first-2")
+    idx = tokens()
+    loss = model(idx, idx)[1]
+    loss.backward(retain_graph=True)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    loss.backward()  # the same graph again: the buffer's gradient must start from zero
+    assert all(torch.equal(grads[n], p.grad) for n, p in model.named_parameters())
+
+    def plain(weight, kv, buf, layer, runs, dynamic):  # autograd through a stacked copy
+        buf.kvs = getattr(buf, "kvs", []) + [kv]
+        src = torch.stack([buf.kvs[j] for a, b in runs for j in range(a, b)], dim=2).flatten(2, 3)
+        return torch.einsum("hs,btsd->hbtd", weight.flatten(1), src)
+
+    monkeypatch.setattr(lime.Route, "apply", plain)
+    model.zero_grad()
+    model(idx, idx)[1].backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_routing_weights_init_and_masks(mode):
     cfg = small_config(mode, n_layer=8, n_kv_head=4)
@@ -723,3 +746,87 @@ def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     assert "lime" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown router 'lime2'"):
         bench.main(["--device", "cpu", "--routers", "none,lime2"])
+
+
+# ---- analysis -------------------------------------------------------------------------
+
+import analyze
+
+
+@pytest.mark.parametrize("mode", ["none", "lime", "first-2"])
+def test_route_map_rows_sum_to_one(mode):
+    M = analyze.route_map(small_model(mode))
+    torch.testing.assert_close(M.sum(1), torch.ones(6))
+    assert torch.all(M.triu(1) == 0)
+    if mode == "none":
+        assert torch.equal(M, torch.eye(6))
+    if mode == "first-2":
+        assert torch.all(M[5, 2:5] == 0) and torch.all(M[5, [0, 1, 5]] > 0)
+
+
+def test_routes_command(arith_run, capsys):
+    M = analyze.main(["routes", "--out-dir", str(arith_run)])
+    torch.testing.assert_close(M.sum(1), torch.ones(2))
+    out = capsys.readouterr().out
+    assert "router lime" in out and "100" in out
+
+
+def test_renyi_entropy_extremes():
+    g = torch.Generator().manual_seed(0)
+    T = 32
+    rank1 = torch.randn(T, 1, generator=g) @ torch.randn(1, 64, generator=g)
+    isotropic = torch.randn(T, 8192, generator=g)
+    for alpha in (1.0, 2.0):
+        assert abs(analyze.renyi_entropy(rank1, alpha)) < 1e-6
+        # centring over tokens leaves T - 1 dimensions: the maximum is log(T - 1)
+        assert 0.995 * math.log(T - 1) < analyze.renyi_entropy(isotropic, alpha) <= math.log(T - 1) + 1e-9
+
+
+def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
+    base = tmp_path / "none"
+    train.main(tiny_args(arith_dir, base, "--router=none", "--max-steps=2"))
+    curves = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4"])
+    assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
+    assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
+    assert "matrix-based Renyi entropy" in capsys.readouterr().out
+
+
+def test_linear_probe_separates_what_is_separable():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 4
+    X = torch.randn(200, 16, generator=g) * 0.3
+    X[torch.arange(200), y] += 3.0  # class k lights up feature k
+    assert analyze.linear_probe(X, y, 4) > 0.95
+    noise = torch.randn(200, 16, generator=g)
+    assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
+
+
+def test_probe_command(arith_run, tmp_path):
+    with pytest.raises(SystemExit, match="arithmetic checkpoint; its task vocabulary has no ' is'"):
+        analyze.main(["probe", "--out-dir", str(arith_run)])
+    data, out = tmp_path / "data", tmp_path / "run"
+    g = np.random.default_rng(0)
+    words = list(analyze.PROBE_WORDS.values())
+    tokens = np.where(g.random(20000) < 0.2, g.choice(words, 20000), g.integers(0, 300, 20000))
+    pd.write_shard(data / "w_train_000000.bin", tokens)
+    pd.write_shard(data / "w_val_000000.bin", tokens[:4000])
+    train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={data}", f"--out-dir={out}", "--vocab-size=576",
+                "--block-size=64", "--n-layer=2", "--n-embd=32", "--n-head=2", "--n-kv-head=2", "--batch-size=4",
+                "--micro-batch-size=4", "--max-steps=2", "--eval-interval=2", "--eval-tokens=256"])
+    accs = analyze.main(["probe", "--out-dir", str(out), "--num-seqs", "8", "--seq-len", "64"])
+    assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
+
+
+def test_ablation_table(tmp_path, capsys):
+    runs = {"none": 16.4611, "first-4": 15.9586, "lime": 15.9267}  # the paper's Table 7
+    dirs = []
+    for router, ppl in runs.items():
+        d = tmp_path / router
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps(dict(router=router, val_ppl=ppl)))
+        dirs.append(str(d))
+    table = analyze.main(["table", *dirs])
+    assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
+    assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
+    with pytest.raises(SystemExit, match="no .*summary.json"):
+        analyze.main(["table", str(tmp_path)])

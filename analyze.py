@@ -1,0 +1,269 @@
+"""
+What a trained LIMe learned, as the paper's figures, for your own runs.
+
+    python analyze.py routes  --out-dir out/150m-lime                 # router heatmap (Figure 5)
+    python analyze.py entropy --out-dir out/150m-lime out/150m-none   # value entropy per layer (Figure 2a)
+    python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figure 2b)
+    python analyze.py table   out/150m-*                               # the ablation table (Table 7)
+
+Each command prints a table; with matplotlib installed it also saves a PNG next to the
+(first) checkpoint. "Values" are what each layer's attention reads: the routed values
+in LIMe, the layer's own values in the baseline.
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+import sample
+import train
+
+PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
+
+
+def load(out_dir, args):
+    """A checkpoint's config and model (on the CPU), reading data from --data-dir if given."""
+    cfg, model = sample.load_checkpoint(out_dir, "cpu")
+    cfg["data_dir"] = args.data_dir or cfg["data_dir"]
+    return cfg, model
+
+
+def save_plot(path, curves, xlabel, ylabel, title, image=None):
+    """Line plot of {label: ys} (or a heatmap of `image`) if matplotlib is there; else say how."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no picture: `pip install matplotlib` to get one)")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    if image is not None:
+        im = ax.imshow(image, cmap="viridis", origin="lower")
+        fig.colorbar(im, ax=ax)
+    for label, ys in curves.items():
+        ax.plot(range(len(ys)), ys, marker="o", label=label)
+    if curves:
+        ax.legend()
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"saved {path}")
+
+
+# -----------------------------------------------------------------------------
+# routes: Figure 5
+
+
+def route_map(model):
+    """(L, L): row l = mean |R^(l)| per source layer (over target and source heads), summing to 1."""
+    L = model.config.n_layer
+    M = torch.zeros(L, L)
+    for l, R in enumerate(model.routing_weights()):  # R (n_kv, l + 1, n_kv)
+        row = R.abs().float().mean(dim=(0, 2)).cpu()
+        M[l, : l + 1] = row / row.sum()
+    return M
+
+
+def cmd_routes(args):
+    cfg, model = load(args.out_dir[0], args)
+    M = route_map(model)
+    print(f"router {cfg['router']}: row = layer, column = source layer, % of mean |weight|")
+    print("      " + "".join(f"{j:>4}" for j in range(len(M))))
+    for l, row in enumerate(M):
+        print(f"{l:>4}: " + "".join(f"{100 * v:4.0f}" if j <= l else "   ." for j, v in enumerate(row.tolist())))
+    save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
+              f"routing weights ({cfg['router']})", image=M.numpy())
+    return M
+
+
+# -----------------------------------------------------------------------------
+# Activations: the values each layer attends over, and the hidden states
+
+
+def sequences(cfg, n, seq_len):
+    """The first n validation sequences: fixed windows for language, unpadded test rows for the task."""
+    data = train.load_data(cfg, with_train=False)
+    if isinstance(data, train.ArithmeticData):
+        return [torch.tensor(ids[:-1]) for ids, _ in data.val[:n]]
+    return [x[:seq_len] for x in data.val_x[:n]]
+
+
+@torch.no_grad()
+def activations(model, idx):
+    """For one sequence idx (T,): per layer, values (T, n_kv*head_dim) and hidden states (T, C)."""
+    values, hidden = [], []
+    hd = model.config.n_embd // model.config.n_head
+    hooks = []
+    for block in model.transformer.h:
+        attn = block.attn
+        if attn.router is not None:  # routed K/V (n_kv, 1, T, 2*hd)
+            hooks.append(attn.router.register_forward_hook(
+                lambda m, i, out: values.append(out[:, 0, :, hd:].transpose(0, 1).flatten(1))))
+        else:  # own K/V (1, T, n_kv*2*hd)
+            hooks.append(attn.c_kv.register_forward_hook(
+                lambda m, i, out: values.append(out[0].view(out.shape[1], -1, 2 * hd)[..., hd:].flatten(1))))
+        hooks.append(block.register_forward_hook(lambda m, i, out: hidden.append(out[0])))
+    try:
+        model(idx[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return values, hidden
+
+
+def renyi_entropy(Z, alpha=1.0):
+    """Matrix-based Renyi entropy of the tokens' representations Z (T, d): features standardised,
+    Gram matrix over tokens, eigenvalues normalised by the trace. From 0 (rank 1) up to
+    log(T - 1): centring the features over the tokens takes away one dimension."""
+    Z = Z.double()
+    Z = (Z - Z.mean(0)) / Z.std(0).clamp(min=1e-8)
+    p = torch.linalg.eigvalsh(Z @ Z.T).clamp(min=0)
+    p = p / p.sum()
+    if abs(alpha - 1) < 1e-6:  # the limit alpha -> 1: von Neumann entropy
+        p = p[p > 0]
+        return float(-(p * p.log()).sum())
+    return float(torch.log((p ** alpha).sum()) / (1 - alpha))
+
+
+def cmd_entropy(args):
+    curves = {}
+    for out_dir in args.out_dir:
+        cfg, model = load(out_dir, args)
+        per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
+        L = cfg["n_layer"]
+        for kind, k in (("values", 0), ("hidden", 1)):
+            curves[f"{cfg['router']} {kind}"] = [
+                sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(L)]
+    print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {args.num_seqs} sequences")
+    print("layer " + "".join(f"{name:>16}" for name in curves))
+    for l in range(max(len(c) for c in curves.values())):
+        print(f"{l:>5} " + "".join(f"{c[l]:16.3f}" if l < len(c) else " " * 16 for c in curves.values()))
+    save_plot(Path(args.out_dir[0]) / "entropy.png", curves, "layer", f"Renyi entropy (alpha {args.alpha})",
+              "representation entropy per layer")
+    return curves
+
+
+# -----------------------------------------------------------------------------
+# probe: Figure 2b
+
+
+def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
+    """Mean k-fold accuracy of a multinomial logistic regression (L-BFGS) on X (N, d)."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(y), generator=g)
+    X, y = X[order].double(), y[order]
+    accs = []
+    for k in range(folds):
+        test = torch.zeros(len(y), dtype=torch.bool)
+        test[k * len(y) // folds: (k + 1) * len(y) // folds] = True
+        mean, std = X[~test].mean(0), X[~test].std(0).clamp(min=1e-8)
+        Xtr, Xte = (X[~test] - mean) / std, (X[test] - mean) / std
+        W = torch.zeros(X.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
+        b = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([W, b], max_iter=steps, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(Xtr @ W + b, y[~test]) + 1e-3 * W.pow(2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        accs.append(((Xte @ W + b).argmax(1) == y[test]).double().mean().item())
+    return sum(accs) / folds
+
+
+def cmd_probe(args):
+    cfg, model = load(args.out_dir[0], args)
+    if cfg["data"] == "arithmetic":
+        sys.exit("probe: this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', ' was', ' were'")
+    ids = torch.tensor(list(PROBE_WORDS.values()))
+    feats, labels = [[] for _ in range(cfg["n_layer"])], []
+    for x in sequences(cfg, args.num_seqs, args.seq_len):
+        where = torch.isin(x, ids).nonzero().flatten()
+        if len(where):
+            values, _ = activations(model, x)
+            for l, v in enumerate(values):
+                feats[l].append(v[where])
+            labels.append((x[where, None] == ids).long().argmax(1))
+    y = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+    counts = torch.bincount(y, minlength=4).tolist()
+    print(f"occurrences in {args.num_seqs} validation sequences: " + ", ".join(
+        f"{w!r} {c}" for w, c in zip(PROBE_WORDS, counts)))
+    if min(counts) < 5:
+        sys.exit("probe: too few occurrences of each word for 5-fold cross-validation; raise --num-seqs")
+    accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
+    print(f"5-fold linear probe accuracy on values ({cfg['router']}), chance {max(counts) / len(y):.3f}")
+    for l, a in enumerate(accs):
+        print(f"layer {l:>3}: {a:.3f}")
+    save_plot(Path(args.out_dir[0]) / "probe.png", {cfg["router"]: accs}, "layer", "probe accuracy",
+              "is / are / was / were from values")
+    return accs
+
+
+# -----------------------------------------------------------------------------
+# table: Table 7
+
+
+def ablation_table(summaries):
+    """Markdown: router, the metric, and its change relative to the `lime` run."""
+    task = all("acc_6" in s for s in summaries)
+    metrics = ["acc_4", "acc_5", "acc_6"] if task else ["val_ppl"]
+    base = next((s for s in summaries if s["router"] == "lime"), None)
+    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
+    if base:
+        head += [f"change to lime ({m})" for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
+        if base:
+            cells += ["-" if s is base else f"{100 * (s[m] - base[m]) / base[m]:+.2f}%" for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cmd_table(args):
+    summaries = []
+    for d in args.run_dirs:
+        path = Path(d) / "summary.json"
+        if not path.exists():
+            sys.exit(f"table: no {path} (is the run finished?)")
+        summaries.append(json.loads(path.read_text()))
+    table = ablation_table(summaries)
+    print(table)
+    return table
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("routes", "router heatmap per layer and source layer"),
+                            ("entropy", "Renyi entropy of values and hidden states per layer"),
+                            ("probe", "linear probe of is/are/was/were from values, per layer")):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("--out-dir", nargs="+", required=True,
+                       help="run folder(s) holding ckpt.pt" + (" (several: one curve each)" if name == "entropy" else ""))
+        s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
+        s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
+        s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence")
+        s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order (1: von Neumann)")
+    t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
+    t.add_argument("run_dirs", nargs="+", help="run folders")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "table":
+            return cmd_table(args)
+        return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)
+    except (train.UsageError, train.prepare_data.DataError) as e:
+        sys.exit(f"analyze.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
