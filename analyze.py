@@ -39,6 +39,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         print("(no picture: `pip install matplotlib` to get one)")
         return
@@ -51,6 +52,9 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if curves:
         ax.legend()
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
+    if image is not None:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -78,8 +82,9 @@ def cmd_routes(args):
     print("      " + "".join(f"{j:>4}" for j in range(len(M))))
     for l, row in enumerate(M):
         print(f"{l:>4}: " + "".join(f"{100 * v:4.0f}" if j <= l else "   ." for j, v in enumerate(row.tolist())))
+    image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
     save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
-              f"routing weights ({cfg['router']})", image=M.numpy())
+              f"routing weights ({cfg['router']})", image=image.numpy())
     return M
 
 

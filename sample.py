@@ -64,7 +64,7 @@ def prompts(args, codec, n):
         if codec.arithmetic:
             rng = random.Random(args.seed)
             tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
-            return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, n)]
+            return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
         return ["<|endoftext|>"] * n
     text = args.start
     if text.startswith("FILE:"):
