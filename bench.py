@@ -120,8 +120,7 @@ def run(args, shape, device):
             r.peak += sum(t.numel() * t.element_size() for t in r.model.parameters())
             r.peak += sum(t.numel() * t.element_size() for s in r.optimizer.state.values() for t in s.values())
 
-    peak_flops = next((f for key, f in train.PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None) \
-        if is_cuda and args.dtype == "bfloat16" else None
+    peak_flops = train.peak_flops(device, args.dtype)
     results = []
     for r in runners:
         ms = 1000 * statistics.median(r.times)

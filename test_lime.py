@@ -830,3 +830,12 @@ def test_ablation_table(tmp_path, capsys):
     assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
     with pytest.raises(SystemExit, match="no .*summary.json"):
         analyze.main(["table", str(tmp_path)])
+
+
+def test_peak_flops_only_for_known_devices(monkeypatch):
+    names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device])
+    assert train.peak_flops("cuda", "bfloat16") == 989e12
+    assert train.peak_flops("cuda:1", "bfloat16") == 756e12
+    assert train.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
+    assert train.peak_flops("cuda", "float32") is None and train.peak_flops("cpu", "bfloat16") is None

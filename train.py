@@ -90,6 +90,13 @@ SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # 
 PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
 
 
+def peak_flops(device, dtype):
+    """Dense bf16 peak FLOP/s of a known CUDA device; None (no MFU shown) for anything else."""
+    if not device.startswith("cuda") or dtype != "bfloat16":
+        return None
+    return next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
+
+
 class UsageError(Exception):
     """Bad input: printed as one line, exit code 2, nothing written."""
 
@@ -419,8 +426,7 @@ def train(cfg, ckpt=None):
     counts = raw_model.num_params()
     flops_per_token = raw_model.estimate_flops(cfg["block_size"])
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
-    peak = next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None) \
-        if device_type == "cuda" and dtype == "bfloat16" else None
+    peak = peak_flops(device, dtype)
     say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
