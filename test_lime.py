@@ -118,8 +118,8 @@ def test_routed_gradients_equal_autograd_through_a_stack(monkeypatch):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_routing_weights_init_and_masks(mode):
-    cfg = small_config(mode, n_layer=8, n_kv_head=4)
-    model = GPT(cfg)
+    torch.manual_seed(0)  # fixed draws: the statistical checks below cannot flake
+    model = GPT(small_config(mode, n_layer=8, n_kv_head=4))
     R = model.routing_weights()
     assert [r.shape for r in R] == [(4, l + 1, 4) for l in range(8)]
     l = 7  # a deep layer, where every mode's mask differs
