@@ -13,7 +13,6 @@ in LIMe, the layer's own values in the baseline.
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 

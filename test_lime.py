@@ -730,7 +730,7 @@ import bench
 
 def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    out = bench.main(["--device", "cpu", "--routers", "none,lime,first-2", "--n-layer", "4", "--block-size", "16",
+    bench.main(["--device", "cpu", "--routers", "none,lime,first-2", "--n-layer", "4", "--block-size", "16",
                       "--batch-size", "1", "--steps", "1", "--warmup", "1", "--gen-tokens", "2", "--gen-repeats", "1",
                       "--depths", "2,4", "--json", str(path)])
     saved = json.loads(path.read_text())
