@@ -20,6 +20,7 @@ import torch
 
 import sample
 import train
+from lime import route_reference
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
 
@@ -101,24 +102,30 @@ def sequences(cfg, n, seq_len):
 
 @torch.no_grad()
 def activations(model, idx):
-    """For one sequence idx (T,): per layer, values (T, n_kv*head_dim) and hidden states (T, C)."""
-    values, hidden = [], []
+    """For one sequence idx (T,): per layer, values (T, n_kv*head_dim) and hidden states (T, C).
+    The values are the routed ones, built from every layer's own K/V by lime.route_reference."""
+    own, inputs, hidden = [], [], []  # per layer: own K/V (T, n_kv, 2*hd), attention input (1, T, C), output
     hd = model.config.n_embd // model.config.n_head
+
+    def keep_kv(module, args, out):  # (a hook that returns something would replace the output)
+        inputs.append(args[0])
+        own.append(out[0].view(out.shape[1], -1, 2 * hd))
+
     hooks = []
     for block in model.transformer.h:
-        attn = block.attn
-        if attn.router is not None:  # routed K/V (n_kv, 1, T, 2*hd)
-            hooks.append(attn.router.register_forward_hook(
-                lambda m, i, out: values.append(out[:, 0, :, hd:].transpose(0, 1).flatten(1))))
-        else:  # own K/V (1, T, n_kv*2*hd)
-            hooks.append(attn.c_kv.register_forward_hook(
-                lambda m, i, out: values.append(out[0].view(out.shape[1], -1, 2 * hd)[..., hd:].flatten(1))))
+        hooks.append(block.attn.c_kv.register_forward_hook(keep_kv))
         hooks.append(block.register_forward_hook(lambda m, i, out: hidden.append(out[0])))
     try:
         model(idx[None])
     finally:
         for h in hooks:
             h.remove()
+    values = []
+    for block, kv, x in zip(model.transformer.h, own, inputs):
+        router = block.attn.router
+        if router is not None:  # (1, T, n_kv, 2*hd) in, the same out
+            kv = route_reference(router.weights(x), [own[j][None] for j in router.sources])[0]
+        values.append(kv[..., hd:].flatten(1))  # (T, n_kv*hd)
     return values, hidden
 
 

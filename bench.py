@@ -1,34 +1,52 @@
 """
-Speed and memory of every router mode against the LLaMA baseline (`none`), in one run.
+Speed and memory of every router mode against the LLaMA baseline (`none`).
 
-    python bench.py                                   # CPU default shape, under a minute on 2 cores
-    python bench.py --device cuda --preset 150m       # the 150M shape, bf16 + torch.compile
+    python bench.py                                   # CPU: a small 12-layer shape, a few minutes on 2 cores
+    python bench.py --device cuda                     # the 150M shape, bf16 + torch.compile
+    python bench.py --device cuda --shape 1b          # Table 3's 1B shape with GQA (32 heads, 8 kv heads)
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
 
-Each mode gets its own model (same seed) and optimiser. After warm-up, the modes are
-timed in turn (A B C A B C ...), so slow drifts of the machine hit all of them alike,
-and the median step is reported with its ratio to `none` from the same run. A training
-step is forward + backward + AdamW. Memory: on CUDA the allocator's peak during a step
-(plus the model's own weights and optimiser state); on CPU, where no allocator peak
-exists, the bytes autograd saves for backward.
+A training step is forward + backward + AdamW (fused on CUDA), timed from a synchronised
+device to a synchronised device. The median step is reported with its ratio to `none` (or
+to the first router listed) from the same run.
+
+On CUDA, or wherever the models are compiled, every mode runs alone in a fresh process:
+torch.compile state shared between models in one process distorted both time and memory
+(a compiled `none` model read 34 GB beside the others and 19 GB alone). Memory there is the
+allocator's peak over the timed steps, every allocation counted: weights and optimiser
+state too. On a CPU, where nothing is compiled, the modes share one process and take turns
+(A B C A B C ...), so slow drifts of the machine hit all of them alike. A CPU has no
+allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
+import prepare_data
 import train
 from lime import GPT, GPTConfig
 
-# the CPU default: small enough for 2 cores, deep enough (12 layers) for the routing to show
-CPU_SHAPE = dict(n_layer=12, n_head=6, n_kv_head=6, n_embd=384, mlp_hidden=1536, vocab_size=512, block_size=256,
-                 batch_size=2)
+SHAPES = {
+    # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
+    "cpu": dict(n_layer=12, n_head=6, n_kv_head=6, n_embd=384, mlp_hidden=1536, vocab_size=512, block_size=256,
+                batch_size=2),
+    # the 150M router ablation (train.py's default preset) at its micro-batch of 16 x 2048
+    "150m": dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, mlp_hidden=3072, vocab_size=50304,
+                 block_size=2048, batch_size=16),
+    # Table 3's 1B with grouped-query attention, micro-batch 4 x 2048
+    "1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, vocab_size=50304,
+               block_size=2048, batch_size=4),
+}
 
 
 def saved_bytes(model, idx):
@@ -45,20 +63,6 @@ def saved_bytes(model, idx):
     return sum(storages.values())
 
 
-def bench_shape(args):
-    if args.preset == "cpu":
-        shape = dict(CPU_SHAPE)
-    else:
-        p = {**{k: getattr(GPTConfig, k) for k in train.MODEL_FIELDS}, **train.PRESETS[args.preset]}
-        shape = {k: p[k] for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "vocab_size",
-                                   "block_size")}
-        shape["batch_size"] = p.get("micro_batch_size", train.TrainConfig.micro_batch_size)
-    for key in ("n_layer", "batch_size", "block_size"):
-        if getattr(args, key) is not None:
-            shape[key] = getattr(args, key)
-    return shape
-
-
 class Runner:
     """One router mode: a model, its optimiser and its timings."""
 
@@ -68,7 +72,7 @@ class Runner:
         self.router, self.model = router, GPT(cfg).to(device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
         self.step_fn = torch.compile(self.model) if compile_model else self.model
-        self.times, self.gen_times, self.peak = [], [], 0
+        self.times, self.gen_times = [], []
 
     def train_step(self, idx, autocast):
         with autocast:
@@ -78,121 +82,184 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def run(args, shape, device):
+def measure(routers, shape, args, device):
+    """Every router in `routers`, in this process, taking turns; one dict of figures per router."""
     is_cuda = device.startswith("cuda")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda and args.dtype == "bfloat16" else nullcontext()
     sync = (lambda: torch.cuda.synchronize(device)) if is_cuda else (lambda: None)
-    compile_model = args.compile == "on" or (args.compile == "auto" and is_cuda)
     B, T = shape["batch_size"], shape["block_size"]
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, shape["vocab_size"], (B, T), generator=gen).to(device)
-    prompt = idx[:, : T // 2]
-    runners = [Runner(r, shape, device, compile_model) for r in args.routers]
-    for r in runners:  # warm-up: compilation, allocator, caches
+    idx = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0)).to(device)
+    runners = [Runner(r, shape, device, args.compile == "on") for r in routers]
+    for r in runners:  # warm-up: compilation, autotuning, the allocator's caches
         for _ in range(args.warmup):
             r.train_step(idx, autocast)
     sync()
+    if is_cuda:  # from here on, the peak counts every allocation: weights, optimiser state, the step
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.steps):
-        for r in runners:  # interleaved: A B C A B C ...
-            if is_cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
+        for r in runners:  # taking turns: A B C A B C ...
             t = time.perf_counter()
             r.train_step(idx, autocast)
             sync()
             r.times.append(time.perf_counter() - t)
-            if is_cuda:
-                r.peak = max(r.peak, torch.cuda.max_memory_allocated(device) - before)
+    memory = {r.router: torch.cuda.max_memory_allocated(device) for r in runners} if is_cuda else \
+        {r.router: saved_bytes(r.model, idx) for r in runners}
     for _ in range(args.gen_repeats):
         for r in runners:
             r.model.eval()
             t = time.perf_counter()
             with autocast:
-                r.model.generate(prompt, args.gen_tokens, temperature=0)
+                r.model.generate(idx[:, : T // 2], args.gen_tokens, temperature=0)
             sync()
             r.gen_times.append(time.perf_counter() - t)
             r.model.train()
-    if not is_cuda:
-        for r in runners:
-            r.peak = saved_bytes(r.model, idx)
-    else:  # add what each model holds between steps: weights and AdamW state
-        for r in runners:
-            r.peak += sum(t.numel() * t.element_size() for t in r.model.parameters())
-            r.peak += sum(t.numel() * t.element_size() for s in r.optimizer.state.values() for t in s.values())
-
-    peak_flops = train.peak_flops(device, args.dtype)
+    peak_flops = train.peak_flops(device, args.dtype if is_cuda else "float32")
     results = []
     for r in runners:
         ms = 1000 * statistics.median(r.times)
         tok_s = B * T / (ms / 1000)
-        results.append(dict(router=r.router, ms_per_step=ms, tokens_per_s=tok_s, memory_bytes=r.peak,
-                            gen_tokens_per_s=B * args.gen_tokens / statistics.median(r.gen_times),
+        gen = B * args.gen_tokens / statistics.median(r.gen_times) if r.gen_times else None
+        results.append(dict(router=r.router, ms_per_step=ms, tokens_per_s=tok_s, memory_bytes=memory[r.router],
+                            gen_tokens_per_s=gen, params=r.model.num_params()["total"],
                             mfu=r.model.estimate_flops(T) * tok_s / peak_flops if peak_flops else None,
-                            params=r.model.num_params()["total"], flops_per_token=r.model.estimate_flops(T)))
+                            flops_per_token=r.model.estimate_flops(T)))
+    return results
+
+
+def measure_alone(router, shape, args, argv):
+    """measure() for one router in a fresh Python process (this script, with --worker)."""
+    print(f"  {router}: in a fresh process ...", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--routers", router,
+               "--n-layer", str(shape["n_layer"]), "--worker", str(out)]
+        done = subprocess.run(cmd)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"the {router} process failed (exit code {done.returncode}); its output is above")
+        return json.loads(out.read_text())[0]
+
+
+def add_ratios(results):
     base = next((x for x in results if x["router"] == "none"), results[0])
     for x in results:
         x["step_ratio"] = x["ms_per_step"] / base["ms_per_step"]
         x["memory_ratio"] = x["memory_bytes"] / base["memory_bytes"]
-    return results
+    return base["router"]
 
 
-def print_table(results, title):
+def print_table(results, base, title):
     print(title)
-    print(f"{'router':>9} {'ms/step':>9} {'x none':>7} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {'x none':>7} "
+    ratio = f"x {base}"
+    print(f"{'router':>9} {'ms/step':>9} {ratio:>9} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {ratio:>9} "
           f"{'gen tok/s':>10}")
     for x in results:
         mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] else "-"
-        print(f"{x['router']:>9} {x['ms_per_step']:9.1f} {x['step_ratio']:7.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
-              f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:7.3f} {x['gen_tokens_per_s']:10,.0f}")
+        gen = f"{x['gen_tokens_per_s']:,.0f}" if x["gen_tokens_per_s"] else "-"
+        print(f"{x['router']:>9} {x['ms_per_step']:9.1f} {x['step_ratio']:9.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
+              f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:9.3f} {gen:>10}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit code 2, as argparse's own usage errors
+        print(f"bench.py: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv):
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
-    p.add_argument("--preset", default=None, help="model shape: cpu (the CPU default) or a train.py preset "
-                                                  "(150m, 1b, deep, ...); default: cpu on CPU, 150m on CUDA")
+    p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
+                                                  "(default: cpu on a CPU, 150m on CUDA)")
     p.add_argument("--routers", default="none,lime,average,last-4,first-4,dynamic",
-                   help="comma-separated router modes; ratios are relative to none")
+                   help="comma-separated router modes; ratios are to none, or to the first listed")
     p.add_argument("--n-layer", type=int, help="override the shape's depth")
     p.add_argument("--batch-size", type=int, help="override the shape's sequences per step")
     p.add_argument("--block-size", type=int, help="override the shape's sequence length")
     p.add_argument("--depths", help="also run a depth sweep at the shape's width, e.g. 12,32,64")
-    p.add_argument("--steps", type=int, default=5, help="timed training steps per mode")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per mode first")
+    p.add_argument("--steps", type=int, default=None, help="timed training steps per mode (default: 5, 10 on CUDA)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per mode first (default: 1, 3 compiled)")
     p.add_argument("--gen-tokens", type=int, default=16, help="tokens generated per generation timing")
-    p.add_argument("--gen-repeats", type=int, default=3, help="generation timings per mode")
-    p.add_argument("--dtype", default="bfloat16", help="CUDA autocast dtype: bfloat16 or float32 (CPU: float32)")
-    p.add_argument("--compile", default="auto", help="torch.compile: auto (on for CUDA), on, off")
-    p.add_argument("--json", help="write the figures to this file as JSON")
+    p.add_argument("--gen-repeats", type=int, default=3, help="generation timings per mode (0: none)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="CUDA autocast dtype (a CPU always runs float32)")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile: auto (on for CUDA)")
+    p.add_argument("--fresh-processes", action="store_true",
+                   help="run each mode alone in a fresh process on a CPU too (always so on CUDA or compiled)")
+    p.add_argument("--json", help="also write the figures to this file as JSON")
+    p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
+
+    if args.device != "auto" and args.device.split(":")[0] not in ("cpu", "cuda", "mps"):
+        p.error(f"--device={args.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    args.device = train.pick_device(args.device)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device={args.device}: this torch has no CUDA device (torch {torch.__version__})")
+    is_cuda = args.device.startswith("cuda")
+    args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
+    args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
+    args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
+    args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    if not args.routers:
+        p.error("--routers names no router")
+    for r in args.routers:
+        try:
+            GPTConfig(router=r)
+        except ValueError as e:
+            p.error(str(e))
+    args.shape = args.shape or ("150m" if is_cuda else "cpu")
+    if args.shape not in SHAPES:
+        p.error(f"unknown shape {args.shape!r}: choose from {', '.join(SHAPES)}")
+    shape = dict(SHAPES[args.shape])
+    for key in ("n_layer", "batch_size", "block_size"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
     try:
-        device = train.pick_device(args.device)
-        args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
-        for r in args.routers:
-            GPTConfig(router=r)  # a clear error for a bad mode, before any work
-        args.preset = args.preset or ("150m" if device.startswith("cuda") else "cpu")
-        if args.preset != "cpu" and args.preset not in train.PRESETS:
-            raise ValueError(f"unknown preset {args.preset!r}: choose from cpu, {', '.join(train.PRESETS)}")
-        depths = [int(d) for d in args.depths.split(",")] if args.depths else []
-    except ValueError as e:
-        sys.exit(f"bench.py: error: {e}")
-    shape = bench_shape(args)
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    dtype = args.dtype if device.startswith("cuda") else "float32"
-    print(f"device {name}, torch {torch.__version__}, {dtype}, shape {shape}")
-    results = run(args, shape, device)
-    print_table(results, f"training step and generation, median of {args.steps} interleaved steps")
-    out = dict(device=name, torch=torch.__version__, dtype=dtype, shape=shape, results=results)
-    if depths:
-        out["depth_sweep"] = []
-        for depth in depths:
-            sweep_shape = {**shape, "n_layer": depth}
-            sweep = run(args, sweep_shape, device)
-            print_table(sweep, f"\n{depth} layers")
-            out["depth_sweep"].append(dict(n_layer=depth, results=sweep))
+        args.depths = [int(d) for d in args.depths.split(",")] if args.depths else []
+    except ValueError:
+        p.error(f"--depths={args.depths!r}: expected comma-separated integers, e.g. 12,32,64")
+    checks = [(args.steps >= 1, "--steps must be at least 1"), (args.warmup >= 0, "--warmup must be 0 or more"),
+              (args.gen_repeats >= 0, "--gen-repeats must be 0 or more"),
+              (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
+              (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
+               "--n-layer, --batch-size and --depths must be at least 1"),
+              (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
+              (args.gen_repeats == 0 or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
+               f"--gen-tokens={args.gen_tokens} does not fit after a prompt of half the block of "
+               f"{shape['block_size']}")]
+    for ok, message in checks:
+        if not ok:
+            p.error(message)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        p.error(f"--json={args.json}: no directory {Path(args.json).resolve().parent}")
+    return args, shape
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, shape = parse_args(argv)
+    if args.worker:
+        Path(args.worker).write_text(json.dumps(measure(args.routers, shape, args, args.device)))
+        return None
+    is_cuda = args.device.startswith("cuda")
+    name = torch.cuda.get_device_name(args.device) if is_cuda else f"cpu ({torch.get_num_threads()} threads)"
+    dtype = args.dtype if is_cuda else "float32"
+    alone = is_cuda or args.compile == "on" or args.fresh_processes
+    print(f"device {name}, torch {torch.__version__}, {dtype}, compile {args.compile}, shape {args.shape} {shape}; "
+          f"{'each mode in its own process' if alone else 'modes taking turns in one process'}")
+    out = dict(device=name, torch=torch.__version__, dtype=dtype, compile=args.compile, shape=shape, runs=[])
+    try:
+        for depth in [shape["n_layer"], *args.depths]:
+            depth_shape = {**shape, "n_layer": depth}
+            results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \
+                measure(args.routers, depth_shape, args, args.device)
+            base = add_ratios(results)
+            print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
+            out["runs"].append(dict(n_layer=depth, results=results))
+    except RuntimeError as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        prepare_data.atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
         print(f"wrote {args.json}")
     return out
 

@@ -3,9 +3,8 @@ LIMe (Layer-Integrated Memory): a LLaMA-style decoder in which every attention l
 reads the keys and values of all earlier layers, not only its own.
 
 A vanilla decoder layer l computes K_l, V_l from its own residual stream and attends
-over them. Here layer l first writes its own K/V (per kv-head, before RoPE) to a buffer
-shared by all layers, then builds the K/V it attends over as a learned mixture of every buffered
-(layer, head) pair up to and including itself:
+over them. Here layer l computes its own K/V (per kv-head, before RoPE) and then attends
+over a learned mixture of the K/V of every (layer, head) pair up to and including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
@@ -18,11 +17,12 @@ cache holds the routed, rotated K/V: exactly the size of a normal cache.
 
 What differs from nanoGPT, in reading order:
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `KVBuffer`, `Route`, `Router`: the routing, with the ablation modes of the paper
-    (`none`, `lime`, `average`, `last-J`, `first-J`, `dynamic`). `Route` is an autograd
-    Function with a hand-written backward over one preallocated buffer: each layer's K/V
-    is stored once, so training memory stays O(L) (the official code saves a freshly
-    concatenated buffer per layer, O(L^2)), and routing a layer is one matrix product.
+  * `route_reference`, `Router`, `Routing`: the routing, with the ablation modes of the paper
+    (`none`, `lime`, `average`, `last-J`, `first-J`, `dynamic`). `route_reference` is the
+    formula above in plain autograd, the specification. Training uses the fast path in
+    kernels.py: one op per layer that torch.compile keeps in a single graph, which stores
+    each layer's K/V once (training memory O(L); autograd through a stack per layer, as in
+    the paper's code, is O(L^2)) and moves each K/V slot as few times as it can.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis.
 """
 
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import kernels
 
 ROUTER_FORMS = "none, lime, average, dynamic, last-J or first-J (J a positive integer)"
 
@@ -79,80 +81,22 @@ def source_layers(mode, J, layer):
 # Routing
 
 
-class KVBuffer:
-    """Every layer's K/V for one forward pass, in one tensor laid out slot-major: row
-    `layer * n_kv_head + head` holds that head's B*T*2*head_dim numbers. Routing layer l is
-    then a single matrix product R^(l) @ rows[:(l+1) * n_kv_head], with no copies."""
+def route_reference(weight, sources):
+    """The routing as the paper writes it, in plain autograd: the specification the fast path
+    (kernels.py) is tested against. sources: the K/V (B, T, n_kv, E) of the layers read, in order.
 
-    def __init__(self, n_layer, n_kv_head):
-        self.n_slots, self.n_kv = n_layer * n_kv_head, n_kv_head
-        self.data = self.grad = None  # (n_slots, B*T*2*head_dim), made on first use in the K/V's dtype
+        static:   kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
+        dynamic:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)
 
-    def rows(self, t, first_layer, end_layer):
-        return t[first_layer * self.n_kv: end_layer * self.n_kv]
-
-
-class Route(torch.autograd.Function):
-    """Writes layer `layer`'s K/V (B, T, n_kv, D) into the buffer, returns the routed K/V
-    (n_kv, B, T, D) mixed from the source layers `runs` (contiguous (first, end) ranges).
-
-    Memory: the buffer holds each layer's K/V once, and it is the only thing saved for
-    backward (one storage for all layers). Autograd through torch.cat or torch.stack would
-    save a fresh (l+1)-layer copy per layer, O(L^2). Writes go through `.data`, so later
-    layers' writes do not trip autograd's version check on what earlier layers saved: a
-    layer only reads rows that are final before it runs.
-
-    Backward runs from the last layer down; each layer adds its share into `grad` rows in
-    place. When layer l's turn comes every later layer has already sent its share to slot
-    l, so the gradient of layer l's own K/V is complete and goes back to autograd.
-    """
-
-    @staticmethod
-    def forward(ctx, weight, kv, buf, layer, runs, dynamic):
-        B, T, n_kv, D = kv.shape
-        if buf.data is None:
-            buf.data = kv.new_empty(buf.n_slots, B * T * D)
-        buf.rows(buf.data.data, layer, layer + 1).view(n_kv, B, T, D).copy_(kv.permute(2, 0, 1, 3))
-        w = weight.to(kv.dtype)
-        if dynamic:  # w (n_src, n_kv, B*T): per-token weights over layers 0..l, within each head
-            out = (w.unsqueeze(-1) * buf.rows(buf.data, 0, layer + 1).view(*w.shape, D)).sum(0)
-        else:  # w (n_kv, n_src, n_kv): one product per contiguous run of source layers
-            out, col = 0, 0
-            for first, end in runs:
-                out = out + w[:, col: col + end - first].flatten(1) @ buf.rows(buf.data, first, end)
-                col += end - first
-        ctx.save_for_backward(weight, buf.data)
-        ctx.buf, ctx.layer, ctx.runs, ctx.dynamic, ctx.shape = buf, layer, runs, dynamic, kv.shape
-        return out.view(n_kv, B, T, D)
-
-    @staticmethod
-    def backward(ctx, grad):
-        weight, data = ctx.saved_tensors
-        buf, (B, T, n_kv, D) = ctx.buf, ctx.shape
-        if ctx.layer == buf.n_slots // buf.n_kv - 1:  # the last layer's backward comes first
-            buf.grad = torch.zeros_like(data)  # (again, if a retained graph is run backward twice)
-        g = grad.reshape(n_kv, B * T * D).to(data.dtype)
-        w = weight.to(data.dtype)
-        need_w = ctx.needs_input_grad[0]  # not for the fixed weights of `average` and layer 0
-        grad_w = None
-        if ctx.dynamic:
-            rows = buf.rows(data, 0, ctx.layer + 1).view(*w.shape, D)  # (n_src, n_kv, B*T, D)
-            grad_w = (rows * g.view(n_kv, B * T, D)).sum(-1)
-            buf.rows(buf.grad, 0, ctx.layer + 1).view_as(rows).add_(w.unsqueeze(-1) * g.view(n_kv, B * T, D))
-        else:
-            parts, col = [], 0
-            for first, end in ctx.runs:
-                if need_w:
-                    parts.append(g @ buf.rows(data, first, end).t())
-                buf.rows(buf.grad, first, end).addmm_(w[:, col: col + end - first].flatten(1).t(), g)
-                col += end - first
-            grad_w = torch.cat(parts, dim=1).view_as(w) if need_w else None
-        grad_kv = buf.rows(buf.grad, ctx.layer, ctx.layer + 1).view(n_kv, B, T, D).permute(1, 2, 0, 3)
-        return grad_w if grad_w is None else grad_w.to(weight.dtype), grad_kv, None, None, None, None
+    Autograd saves the stack, a fresh (l + 1)-layer copy per layer: O(L^2) training memory."""
+    src = torch.stack(sources, dim=2)  # (B, T, n_src, n_kv, E)
+    if weight.dim() == 3:
+        return torch.einsum("hjk,btjke->bthe", weight, src)
+    return torch.einsum("bthj,btjhe->bthe", weight, src)
 
 
 class Router(nn.Module):
-    """Builds layer `layer`'s K/V from the buffered K/V of the layers it may read.
+    """R^(l) of one layer, over the source layers it may read.
 
     Static modes hold R as (n_kv_head, n_src, n_kv_head) for the allowed source layers
     only, so excluded sources are zero by construction and stay zero in training.
@@ -165,12 +109,7 @@ class Router(nn.Module):
         super().__init__()
         self.mode, J = parse_router(config.router)
         self.layer, self.sources = layer, source_layers(self.mode, J, layer)
-        self.runs = []  # the sources as contiguous (first, end) ranges: one matrix product each
-        for j in self.sources:
-            if self.runs and self.runs[-1][1] == j:
-                self.runs[-1] = (self.runs[-1][0], j + 1)
-            else:
-                self.runs.append((j, j + 1))
+        self.readers = []  # the later layers that read this one (ascending), filled in by GPT
         self.dynamic = self.mode == "dynamic" and layer > 0
         n_kv, n_src = config.n_kv_head, len(self.sources)
         if self.mode == "average" or layer == 0:  # fixed: same head, uniform over layers 0..l
@@ -182,17 +121,16 @@ class Router(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(n_kv, n_src, n_kv))
 
-    # torch.compile cannot follow the buffer that is kept outside autograd's view, so the
-    # routing runs eagerly: one graph break per layer, attention and MLP compile around it
-    @torch.compiler.disable
-    def forward(self, kv, x, buf):
-        """kv (B, T, n_kv, D) this layer's own K/V, x (B, T, C) its input -> (n_kv, B, T, D)."""
-        w = self.weight
-        if self.dynamic:
-            B, T, _ = x.shape
-            # (B*T, n_kv, n_src) -> (n_src, n_kv, B*T), plus the static part
-            w = self.proj(x).view(B * T, *w.shape).permute(2, 1, 0) + w.t().unsqueeze(-1)
-        return Route.apply(w, kv, buf, self.layer, self.runs, self.dynamic)
+    def weights(self, x):
+        """R for input x (B, T, C): (n_kv, n_src, n_kv), or (B, T, n_kv, n_src) per token for `dynamic`."""
+        if not self.dynamic:
+            return self.weight
+        B, T, _ = x.shape
+        return self.proj(x).view(B, T, *self.weight.shape) + self.weight
+
+    def weight_from(self, layer):
+        """(n_kv, n_kv): how this layer's heads read the heads of source `layer` (static modes)."""
+        return self.weight[:, self.sources.index(layer)]
 
     def dense_weight(self):
         """R as (n_kv, l + 1, n_kv): zeros for sources this router cannot read."""
@@ -203,6 +141,39 @@ class Router(nn.Module):
             w = w[:, :, None] * torch.eye(n_kv, device=w.device)[:, None, :]
         R[:, self.sources] = w
         return R
+
+
+class Routing:
+    """Carries K/V from layer to layer during one forward pass.
+
+    Static modes push (see kernels.py): layer j finishes its own routed K/V and adds its share
+    to the running sums of the later layers that read it, in one op. `dynamic` weights depend
+    on the reading layer's input, so it pulls, one product per source, which autograd saves
+    once for every layer that reads it. With reference=True every mode uses route_reference.
+    """
+
+    def __init__(self, routers, reference=False):
+        self.routers, self.reference = routers, reference
+        self.kvs = []  # every layer's own K/V so far (pulling)
+        self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
+
+    def __call__(self, layer, kv, x):
+        """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
+        router = self.routers[layer]
+        if self.reference or router.mode == "dynamic":
+            self.kvs.append(kv)
+            w, sources = router.weights(x), [self.kvs[j] for j in router.sources]
+            if self.reference or w.dim() == 3:
+                return route_reference(w, sources)
+            return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(kv)
+        targets = [layer] + router.readers
+        # the op adds partials to its first outputs: those targets that have a sum already come first
+        # (pop raises if they did not), because every mode's readers of a layer are consecutive layers
+        partials = [self.partial.pop(l) for l in targets[:sum(l in self.partial for l in targets)]]
+        w = torch.stack([self.routers[l].weight_from(layer) for l in targets])  # (n_targets, n_kv, n_kv)
+        out, *pushed = kernels.route(kv, w, partials)
+        self.partial.update(zip(router.readers, pushed))
+        return out
 
 
 # -----------------------------------------------------------------------------
@@ -249,18 +220,17 @@ class Attention(nn.Module):
         # one projection for keys and values: they are routed together, as one 2*head_dim vector
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # `none` is the LLaMA baseline: no buffer, no router
+        # `none` is the LLaMA baseline: no router
         self.router = Router(config, layer) if config.router != "none" else None
 
-    def forward(self, x, buf, cos, sin, cache=None):
+    def forward(self, x, routing, cos, sin, cache=None):
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
         kv = self.c_kv(x).view(B, T, self.n_kv_head, 2 * self.head_dim)  # (B, T, n_kv, 2*head_dim)
-        if self.router is None:
-            kv = kv.transpose(1, 2)  # (B, n_kv, T, 2*head_dim)
-        else:
-            kv = self.router(kv, x, buf).transpose(0, 1)  # (n_kv, B, T, 2*head_dim) -> (B, n_kv, T, 2*head_dim)
-        k, v = kv.split(self.head_dim, dim=-1)  # each (B, n_kv, T, head_dim)
+        if routing is not None:
+            kv = routing(self.layer, kv, x)  # the routed K/V, same shape
+        # split before transposing, so the gradient that reaches the routing comes back contiguous
+        k, v = (t.transpose(1, 2) for t in kv.split(self.head_dim, dim=-1))  # each (B, n_kv, T, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         causal = True
         if cache is not None:
@@ -291,8 +261,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, buf, cos, sin, cache=None):
-        x = x + self.attn(self.ln_1(x), buf, cos, sin, cache)
+    def forward(self, x, routing, cos, sin, cache=None):
+        x = x + self.attn(self.ln_1(x), routing, cos, sin, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -307,6 +277,11 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
+        # a plain list (the modules are registered in their blocks); each learns who reads it
+        self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
+        for r in self.routers:
+            r.readers = [later.layer for later in self.routers[r.layer + 1:] if r.layer in later.sources]
+        self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -338,10 +313,10 @@ class GPT(nn.Module):
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, head_dim/2)
-        buf = KVBuffer(self.config.n_layer, self.config.n_kv_head) if self.config.router != "none" else None
+        routing = Routing(self.routers, self.reference_routing) if self.routers else None
         x = self.transformer.wte(idx)  # (B, T, n_embd)
         for block in self.transformer.h:
-            x = block(x, buf, cos, sin, cache)
+            x = block(x, routing, cos, sin, cache)
         if cache is not None:
             cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -354,6 +329,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None):
         """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
         With `stop` (a token id), ends early once every row has produced it."""
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k}: keep at least one token (top_k >= 1), or None for no cut")
         if idx.shape[1] + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt of {idx.shape[1]} + {max_new_tokens} new tokens exceeds "
                              f"block_size={self.config.block_size}")

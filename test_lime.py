@@ -6,12 +6,17 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():  # before lime imports kernels.py: Triton kernels then run on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kernels
 import lime
 from bench import saved_bytes
 from lime import GPT, GPTConfig
 
 MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]
 LEARNED = ["lime", "last-2", "first-2", "dynamic"]
+ROUTED = ["lime", "average", "last-2", "first-2", "dynamic"]
 
 
 def small_config(router, **kw):
@@ -81,6 +86,8 @@ def test_generate_sampling_and_length_check():
     assert a.shape == (2, 12) and torch.equal(a, b)
     with pytest.raises(ValueError, match="block_size"):
         model.generate(tokens(T=30), 5)
+    with pytest.raises(ValueError, match="top_k=0"):
+        model.generate(tokens(T=4), 2, top_k=0)
 
 
 @pytest.mark.parametrize("mode", LEARNED)
@@ -93,27 +100,66 @@ def test_gradients_reach_router(mode):
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
 
-def test_routed_gradients_equal_autograd_through_a_stack(monkeypatch):
-    """The hand-written backward of the K/V buffer against plain autograd, twice over one graph."""
-    model = small_model("first-2")
-    idx = tokens()
-    loss = model(idx, idx)[1]
-    loss.backward(retain_graph=True)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    loss.backward()  # the same graph again: the buffer's gradient must start from zero
-    assert all(torch.equal(grads[n], p.grad) for n, p in model.named_parameters())
+def routed_model(mode, **kw):
+    """A model whose routing matters everywhere: the dynamic routers' input maps start at zero."""
+    model = small_model(mode, **kw)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "router.proj" in name:
+                p.normal_(0, 0.2)
+    return model
 
-    def plain(weight, kv, buf, layer, runs, dynamic):  # autograd through a stacked copy
-        buf.kvs = getattr(buf, "kvs", []) + [kv]
-        src = torch.stack([buf.kvs[j] for a, b in runs for j in range(a, b)], dim=2).flatten(2, 3)
-        return torch.einsum("hs,btsd->hbtd", weight.flatten(1), src)
 
-    monkeypatch.setattr(lime.Route, "apply", plain)
+def run_routing(model, idx, reference, autocast=False, block=None):
+    """Logits and every parameter's gradient, through the fast or the reference routing; with
+    `block`, the backward starts from that block's output instead of the loss."""
+    model.reference_routing = reference
     model.zero_grad()
-    model(idx, idx)[1].backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+    out = {}
+    hook = block is not None and model.transformer.h[block].register_forward_hook(lambda m, i, o: out.update(x=o))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits, loss = model(idx, idx)
+    (out["x"].square().sum() if hook else loss).backward()
+    if hook:
+        hook.remove()
+    model.reference_routing = False
+    return logits.float(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ROUTED)
+def test_fast_routing_equals_the_reference(mode):
+    """kernels.route (and dynamic's per-source sum) against route_reference: forward, every gradient, bf16."""
+    model, idx = routed_model(mode), tokens()
+    fast_logits, fast = run_routing(model, idx, reference=False)
+    ref_logits, ref = run_routing(model, idx, reference=True)
+    torch.testing.assert_close(fast_logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert fast.keys() == ref.keys() == {n for n, p in model.named_parameters()}
+    for name in ref:
+        torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+    fast_logits, fast = run_routing(model, idx, reference=False, autocast=True)
+    ref_logits, ref = run_routing(model, idx, reference=True, autocast=True)
+    torch.testing.assert_close(fast_logits, ref_logits, rtol=0, atol=0.05)
+    for name in ref:
+        assert (fast[name] - ref[name]).norm() <= 0.05 * ref[name].norm() + 1e-6, name
+
+
+@pytest.mark.parametrize("mode", ["lime", "last-2", "dynamic"])
+def test_backward_from_an_inner_block(mode):
+    """Backward from block 2 of 6: the routed K/V pushed to later layers get no gradient."""
+    model, idx = routed_model(mode), tokens()
+    _, fast = run_routing(model, idx, reference=False, block=2)
+    _, ref = run_routing(model, idx, reference=True, block=2)
+    assert "transformer.h.3.attn.c_q.weight" not in ref and ref.keys() <= fast.keys()
+    for name in fast:  # the fast path gives later routers a zero gradient where the reference gives none
+        expected = ref.get(name, torch.zeros_like(fast[name]))
+        torch.testing.assert_close(fast[name], expected, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_graph_without_breaks(mode):
+    model = small_model(mode, n_layer=3)
+    explanation = torch._dynamo.explain(model)(tokens(), tokens())
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -176,21 +222,64 @@ def test_identity_router_equals_none(mode):
     torch.testing.assert_close(routed(idx)[0], base(idx)[0], rtol=0, atol=1e-6)
 
 
-def test_routing_saves_each_layer_once(monkeypatch):
+def test_route_ops_pass_opcheck():
+    """Schema, fake (meta) kernels with the real strides, autograd registration: what torch.compile relies on."""
+    g = torch.Generator().manual_seed(0)
+    kv, w = torch.randn(2, 5, 3, 8, generator=g, requires_grad=True), torch.randn(3, 3, 3, generator=g, requires_grad=True)
+    partials = [torch.randn(2, 5, 3, 8, generator=g, requires_grad=True)]
+    torch.library.opcheck(kernels.route, (kv, w, partials))
+    grads = [torch.randn(2, 5, 3, 8, generator=g) for _ in range(3)]
+    torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach(), True))
+
+
+@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype", [
+    (3, 2, 3, 8, torch.float32),  # heads and positions that fill no block
+    (11, 10, 4, 12, torch.float32),  # more outputs than one launch takes (kernels.NMAX); E not a power of 2
+    (2, 0, 2, 16, torch.bfloat16),
+])
+def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype):
+    """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation."""
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(0)
+    kv, w = torch.randn(2, 17, n_kv, E, generator=g).to(dtype), torch.randn(n_out, n_kv, n_kv, generator=g)
+    partials = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_partials)]
+    grads = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_out)]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.02, atol=0.05)
+    results = {}
+    for impl in ("0", "1"):  # LIME_TRITON: plain PyTorch, then Triton
+        monkeypatch.setattr(kernels, "USE_TRITON", impl)
+        results[impl] = (kernels.route(kv, w, partials), kernels.route_backward(grads, kv, w, True),
+                         kernels.route_backward(grads, kv, w, False))
+    (plain_out, plain_grads, plain_no_w), (out, grads_, no_w) = results["0"], results["1"]
+    assert len(out) == n_out and all(o.is_contiguous() and o.dtype == dtype for o in out)
+    for a, b in zip(out + list(grads_) + list(no_w), plain_out + list(plain_grads) + list(plain_no_w)):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+    assert not no_w[1].any()
+
+
+@pytest.mark.parametrize("mode", ["lime", "first-2"])
+def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
+    pytest.importorskip("triton")
+    model, idx = routed_model(mode), tokens()
+    ref_logits, ref = run_routing(model, idx, reference=True)
+    monkeypatch.setattr(kernels, "USE_TRITON", "1")
+    logits, fast = run_routing(model, idx, reference=False)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name in ref:
+        torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_routing_saves_each_layer_once():
     shape = dict(block_size=64, vocab_size=64, n_layer=12, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256)
     idx = tokens(T=64)
     none = saved_bytes(small_model("none", **shape), idx)
-    lime_bytes = saved_bytes(small_model("lime", **shape), idx)
-    assert lime_bytes <= 1.15 * none, (lime_bytes / none)
-
-    # the same measurement catches the naive approach: autograd through a stacked buffer per layer
-    def naive(weight, kv, buf, layer, runs, dynamic):
-        buf.kvs = getattr(buf, "kvs", []) + [kv]
-        stacked = torch.stack(buf.kvs, dim=2).flatten(2, 3)  # (B, T, (l+1)*n_kv, D): a new copy per layer
-        return torch.einsum("hs,btsd->hbtd", weight.flatten(1), stacked)
-
-    monkeypatch.setattr(lime.Route, "apply", naive)
-    assert saved_bytes(small_model("lime", **shape), idx) > 1.3 * none
+    for mode in ("lime", "dynamic"):
+        routed_bytes = saved_bytes(small_model(mode, **shape), idx)
+        assert routed_bytes <= 1.15 * none, (mode, routed_bytes / none)
+    # the same measurement catches autograd through a stack of the sources per layer (the reference)
+    model = small_model("lime", **shape)
+    model.reference_routing = True
+    assert saved_bytes(model, idx) > 1.3 * none
 
 
 @pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01"])
@@ -731,21 +820,50 @@ import bench
 def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     path = tmp_path / "bench.json"
     bench.main(["--device", "cpu", "--routers", "none,lime,first-2", "--n-layer", "4", "--block-size", "16",
-                      "--batch-size", "1", "--steps", "1", "--warmup", "1", "--gen-tokens", "2", "--gen-repeats", "1",
-                      "--depths", "2,4", "--json", str(path)])
+                "--batch-size", "1", "--steps", "1", "--warmup", "1", "--gen-tokens", "2", "--gen-repeats", "1",
+                "--depths", "2", "--json", str(path)])
     saved = json.loads(path.read_text())
     assert saved["shape"]["n_layer"] == 4 and saved["shape"]["n_embd"] == 384
-    rows = {r["router"]: r for r in saved["results"]}
-    assert set(rows) == {"none", "lime", "first-2"} and rows["none"]["step_ratio"] == rows["none"]["memory_ratio"] == 1
+    assert [run["n_layer"] for run in saved["runs"]] == [4, 2]
+    rows = {r["router"]: r for r in saved["runs"][0]["results"]}
+    assert set(rows) == {"none", "lime", "first-2"}
     for r in rows.values():
-        assert {"ms_per_step", "step_ratio", "memory_bytes", "memory_ratio", "gen_tokens_per_s"} <= set(r)
         assert r["step_ratio"] == pytest.approx(r["ms_per_step"] / rows["none"]["ms_per_step"])
-        assert r["mfu"] is None  # no MFU on a CPU
+        assert r["memory_ratio"] == pytest.approx(r["memory_bytes"] / rows["none"]["memory_bytes"])
+        assert r["mfu"] is None and r["gen_tokens_per_s"] > 0  # no MFU on a CPU
     assert rows["lime"]["flops_per_token"] > rows["first-2"]["flops_per_token"] > rows["none"]["flops_per_token"]
-    assert [d["n_layer"] for d in saved["depth_sweep"]] == [2, 4]
-    assert "lime" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="unknown router 'lime2'"):
-        bench.main(["--device", "cpu", "--routers", "none,lime2"])
+    assert rows["none"]["memory_bytes"] < rows["lime"]["memory_bytes"] < 1.15 * rows["none"]["memory_bytes"]
+    assert "x none" in capsys.readouterr().out
+
+
+def test_bench_fresh_process_per_mode(tmp_path, capsys):
+    """What CUDA does: each mode alone in a fresh process; ratios to the first router without none."""
+    path = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--routers", "lime", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
+                "--steps", "1", "--gen-repeats", "0", "--fresh-processes", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["runs"][0]["results"]
+    assert row["router"] == "lime" and row["step_ratio"] == 1 and row["gen_tokens_per_s"] is None
+    out = capsys.readouterr().out
+    assert "lime: in a fresh process" in out and "x lime" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--routers", ""], "--routers names no router"),
+    (["--routers", ","], "--routers names no router"),
+    (["--routers", "none,lime2"], "unknown router 'lime2'"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--gen-repeats", "-1"], "--gen-repeats must be 0 or more"),
+    (["--block-size", "1"], "--block-size must be at least 2"),
+    (["--device", "foo"], "--device='foo'"),
+    (["--shape", "2b"], "unknown shape '2b'"),
+    (["--depths", "12,x"], "--depths='12,x'"),
+    (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
+] + ([(["--device", "cuda"], "this torch has no CUDA device")] if not torch.cuda.is_available() else []))
+def test_bench_bad_input_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("bench.py: error: ") and message in err and err.count("\n") == 1
 
 
 # ---- analysis -------------------------------------------------------------------------
