@@ -60,13 +60,11 @@ class Codec:
 
 def prompts(args, codec, n):
     """The prompt texts: --start (text or FILE:path), else random test expressions or <|endoftext|>."""
-    if args.start is None:
-        if codec.arithmetic:
-            rng = random.Random(args.seed)
-            tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
-            return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
-        return ["<|endoftext|>"] * n
-    text = args.start
+    if args.start is None and codec.arithmetic:
+        rng = random.Random(args.seed)
+        tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
+        return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
+    text = "<|endoftext|>" if args.start is None else args.start
     if text.startswith("FILE:"):
         try:
             text = Path(text[5:]).read_text(encoding="utf-8")
@@ -74,7 +72,7 @@ def prompts(args, codec, n):
             raise train.UsageError(f"--start {args.start}: {e.strerror}") from None
     if not text.strip():
         raise train.UsageError("--start is empty: give some text (or leave it out)")
-    return [text] * n
+    return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
 
 
 def generate(model, codec, args, device, autocast):
@@ -111,7 +109,8 @@ def main(argv=None):
     p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
                                    "(default: random test expressions / <|endoftext|>)")
-    p.add_argument("--num-samples", type=int, default=3, help="how many samples to generate")
+    p.add_argument("--num-samples", type=int, default=3,
+                   help="how many samples to generate (one for a prompt decoded greedily: they would be the same)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample at most")
     p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy "
                                                      "(default: 0 for arithmetic, 0.8 for language)")

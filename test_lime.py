@@ -697,8 +697,11 @@ def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path)
     prompt.write_text("To be")
     outs = sample.main(["--out-dir", str(language_run), "--start", f"FILE:{prompt}", "--num-samples", "2",
                         "--max-new-tokens", "10", "--temperature", "0"])
-    assert len(outs) == 2 and outs[0] == outs[1] and len(outs[0]) == len("To be") + 10
+    assert len(outs) == 1 and len(outs[0]) == len("To be") + 10  # greedy: the one answer, once
     assert capsys.readouterr().out.startswith("To be") and small_encoding().decode(outs[0][:5]) == "To be"
+    outs = sample.main(["--out-dir", str(language_run), "--start", "To be", "--num-samples", "2",
+                        "--max-new-tokens", "10", "--temperature", "1", "--top-k", "1"])
+    assert len(outs) == 2 and outs[0] == outs[1]  # sampled, so two, though top-k 1 makes them equal
 
 
 @pytest.mark.parametrize("args, message", [

@@ -201,7 +201,8 @@ class TokenData:
 
 class ArithmeticData:
     def __init__(self, cfg, with_train=True):
-        if not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
+        # only training generates the task: evaluating or analysing a run reads it, like any other data
+        if with_train and not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
             print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
             prepare_data.prepare_arithmetic(cfg["data_dir"])
         self.vocab, splits = prepare_data.load_arithmetic(cfg["data_dir"])
