@@ -260,6 +260,18 @@ import tiktoken
 import prepare_data as pd
 
 
+def error_of(main, argv, capsys, code=2):
+    """A script's main(argv) that must fail: checks the exit code (2 for bad usage, 1 for a failure
+    at run time) and that stderr is one line, and returns that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == code, (e.value.code, err)
+    assert err.endswith("\n") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
 class FileServer:
     """Serves bytes from 127.0.0.1 with HTTP Range; can cut a file's first response halfway."""
 
@@ -359,19 +371,19 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
     files = fineweb_files(1)
     files["finewebedu_train_000001.bin"] = bad
     server = serve(files)
-    with pytest.raises(SystemExit) as exit_info:
-        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
-    assert message in str(exit_info.value) and str(exit_info.value).count("\n") == 0
-    assert str(exit_info.value).startswith("error: finewebedu_train_000001.bin")
+    err = error_of(pd.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin")
     assert not (tmp_path / "finewebedu_train_000001.bin").exists()
     assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
     assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
 
 
-def test_missing_file_is_one_line(serve, tmp_path):
+def test_missing_file_is_one_line(serve, tmp_path, capsys):
     server = serve({})
-    with pytest.raises(SystemExit, match="error: .*HTTP 404"):
-        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
+    err = error_of(pd.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert re.match("prepare_data.py: error: .*HTTP 404", err)
 
 
 def small_encoding():
@@ -549,33 +561,30 @@ def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt
     (["--schedule=step"], "--schedule='step': choose from cosine, linear"),
     (["--max-steps=abc"], "argument --max-steps: invalid int value"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, flags, message):
+def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, flags, message):
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as e:
-        train.main(tiny_args(arith_dir, out, *flags))
-    assert str(e.value).startswith("train.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+    err = error_of(train.main, tiny_args(arith_dir, out, *flags), capsys)
+    assert err.startswith("train.py: error: ") and message in err
     assert not out.exists()
 
 
-def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path):
+def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(arith_dir, out, "--stop-at=2"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(SystemExit, match=r"was trained with router='lime' \(not 'none'\)"):
-        train.main(tiny_args(arith_dir, out, "--router=none", "--resume"))
+    assert "was trained with router='lime' (not 'none')" in error_of(
+        train.main, tiny_args(arith_dir, out, "--router=none", "--resume"), capsys)
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(SystemExit, match="--resume: cannot read"):
-        train.main(tiny_args(arith_dir, out, "--resume"))
+    assert "--resume: cannot read" in error_of(train.main, tiny_args(arith_dir, out, "--resume"), capsys)
     assert {p.name for p in out.iterdir()} == set(before)
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
 
-def test_missing_language_data_says_how_to_prepare(tmp_path):
-    with pytest.raises(SystemExit) as e:
-        train.main(["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"])
-    msg = str(e.value)
+def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
+    msg = error_of(train.main, ["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"],
+                   capsys, code=1)
     assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
-    assert "\n" not in msg and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch):
@@ -712,18 +721,15 @@ def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path)
     (["--start", "1000 - 1"], "'1000' is not in the task vocabulary"),
     (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
 ])
-def test_sample_bad_input(arith_run, args, message):
-    with pytest.raises(SystemExit) as e:
-        sample.main(["--out-dir", str(arith_run), *args])
-    assert str(e.value).startswith("sample.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+def test_sample_bad_input(arith_run, capsys, args, message):
+    err = error_of(sample.main, ["--out-dir", str(arith_run), *args], capsys)
+    assert err.startswith("sample.py: error: ") and message in err
 
 
-def test_sample_missing_or_unreadable_checkpoint(tmp_path):
-    with pytest.raises(SystemExit, match="no checkpoint at"):
-        sample.main(["--out-dir", str(tmp_path)])
+def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
+    assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
     (tmp_path / "ckpt.pt").write_text("garbage")
-    with pytest.raises(SystemExit, match="cannot read"):
-        sample.main(["--out-dir", str(tmp_path)])
+    assert "cannot read" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
 
 
 # ---- benchmark ------------------------------------------------------------------------
@@ -804,9 +810,9 @@ def test_linear_probe_separates_what_is_separable():
     assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
 
 
-def test_probe_command(arith_run, tmp_path):
-    with pytest.raises(SystemExit, match="arithmetic checkpoint; its task vocabulary has no ' is'"):
-        analyze.main(["probe", "--out-dir", str(arith_run)])
+def test_probe_command(arith_run, tmp_path, capsys):
+    assert "arithmetic checkpoint; its task vocabulary has no ' is'" in error_of(
+        analyze.main, ["probe", "--out-dir", str(arith_run)], capsys)
     data, out = tmp_path / "data", tmp_path / "run"
     g = np.random.default_rng(0)
     words = list(analyze.PROBE_WORDS.values())
@@ -831,8 +837,7 @@ def test_ablation_table(tmp_path, capsys):
     table = analyze.main(["table", *dirs])
     assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
     assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
-    with pytest.raises(SystemExit, match="no .*summary.json"):
-        analyze.main(["table", str(tmp_path)])
+    assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys))
 
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
@@ -842,3 +847,67 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
     assert train.peak_flops("cuda:1", "bfloat16") == 756e12
     assert train.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
     assert train.peak_flops("cuda", "float32") is None and train.peak_flops("cpu", "bfloat16") is None
+
+
+# ---- bad input and interruptions ------------------------------------------------------
+
+
+def train_args(*flags):
+    return lambda a, r, t: tiny_args(a, t / "run", *flags)
+
+
+# Every bad input of issue 12, through the scripts' main(argv). In argv(a, r, t), a is the arithmetic
+# data, r a finished run and t a scratch folder holding a file notes.md. Exit code 2: bad usage.
+BAD_INPUTS = [
+    ("train", train_args("--seed=-1"), 2, "--seed must be >= 0, got -1"),
+    ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
+    ("train", train_args("--n-head=0"), 2, "--n-head must be positive, got 0"),
+    ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
+    ("train", train_args("--n-layer=0"), 2, "--n-layer must be positive, got 0"),
+    ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
+    ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md'}"), 2, "is a file, not a folder"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
+     "notes.md is a file, not a folder"),
+    ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
+    ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=6", "--resume"), 2,
+     "already at max_steps=6"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
+     "--top-k must be positive"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
+     "no arithmetic data in"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--show", "-1"], 2,
+     "--show must be >= 0, got -1"),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
+]
+
+
+def snapshot(*roots):
+    """Every path under the roots, with the bytes of each file."""
+    return {p: p.read_bytes() if p.is_file() else None for root in roots for p in [root, *root.rglob("*")]}
+
+
+def bad_input_id(case):
+    script, argv, _, _ = case
+    args = argv(Path("a"), Path("r"), Path("t"))
+    return " ".join([script, *(args[len(tiny_args("a", "r")):] if script == "train" else args)])
+
+
+@pytest.mark.parametrize("script, argv, code, message", BAD_INPUTS, ids=map(bad_input_id, BAD_INPUTS))
+def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, tmp_path, capsys, monkeypatch,
+                                                         script, argv, code, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)  # what a CPU-only build says, even on a GPU machine
+    (tmp_path / "notes.md").write_text("not a folder")
+    before = snapshot(arith_dir, arith_run, tmp_path)
+    main = {"train": train.main, "sample": sample.main, "prepare_data": pd.main, "analyze": analyze.main}[script]
+    err = error_of(main, argv(arith_dir, arith_run, tmp_path), capsys, code)
+    assert err.startswith(f"{script}.py: error: ") and message in err
+    assert snapshot(arith_dir, arith_run, tmp_path) == before
+

@@ -85,6 +85,10 @@ PRESETS = {
 MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
 TRAIN_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
+POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
+            "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
+            "eval_samples", "log_interval"]
+NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
 
 # dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
 PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
@@ -97,8 +101,13 @@ def peak_flops(device, dtype):
     return next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
 
 
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2, nothing written."""
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit code 2, nothing written. A ValueError, so that bench.py,
+    which reports those, says what is wrong with a --device too."""
+
+
+def flag(key):
+    return "--" + key.replace("_", "-")
 
 
 def field_help(cls):
@@ -116,7 +125,7 @@ def build_parser():
     for cls in (TrainConfig, GPTConfig):
         helps = field_help(cls)
         for f in dataclasses.fields(cls):
-            p.add_argument("--" + f.name.replace("_", "-"), type=f.type, help=f"{helps[f.name]} [{f.default}]")
+            p.add_argument(flag(f.name), type=f.type, help=f"{helps[f.name]} [{f.default}]")
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     return p
 
@@ -131,6 +140,9 @@ def resolve_config(argv):
     cfg = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig()), **PRESETS[preset], **given}
     cfg["preset"] = preset
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
+    problem = prepare_data.folder_problem(cfg["out_dir"])
+    if problem:
+        raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
     ckpt = None
     if resume:
         path = Path(cfg["out_dir"]) / "ckpt.pt"
@@ -147,12 +159,26 @@ def resolve_config(argv):
             raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
         cfg = {**saved, **{k: v for k, v in given.items() if k in SESSION_FIELDS or k == "max_steps"}}
         cfg["stop_at"] = given.get("stop_at", 0)
+        if ckpt["step"] >= cfg["max_steps"]:
+            raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
+        if 0 < cfg["stop_at"] <= ckpt["step"]:
+            raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
     cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
     check_config(cfg)
     return cfg, ckpt
 
 
 def check_config(cfg):
+    # `not x > 0` rather than `x <= 0`: a NaN fails too
+    for key in POSITIVE:
+        if not cfg[key] > 0:
+            raise UsageError(f"{flag(key)} must be positive, got {cfg[key]}")
+    for key in NON_NEGATIVE:
+        if not cfg[key] >= 0:
+            raise UsageError(f"{flag(key)} must be >= 0, got {cfg[key]}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= cfg[key] < 1:
+            raise UsageError(f"{flag(key)} must be in [0, 1), got {cfg[key]}")
     try:
         GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})
     except ValueError as e:
@@ -161,10 +187,12 @@ def check_config(cfg):
                    schedule=("cosine", "linear"), dtype=("auto", "bfloat16", "float32"), compile=("auto", "on", "off"))
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
-            raise UsageError(f"--{key.replace('_', '-')}={cfg[key]!r}: choose from {', '.join(allowed)}")
-    for key in ("batch_size", "micro_batch_size", "max_steps", "eval_interval", "log_interval"):
-        if cfg[key] < 1:
-            raise UsageError(f"--{key.replace('_', '-')} must be positive, got {cfg[key]}")
+            raise UsageError(f"{flag(key)}={cfg[key]!r}: choose from {', '.join(allowed)}")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
+        raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
+                         f"{cfg['micro_batch_size']} x {world} processes")
+    pick_device(cfg["device"])
 
 
 # -----------------------------------------------------------------------------
@@ -369,11 +397,20 @@ def format_eta(seconds):
 
 
 def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
+    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    m = re.fullmatch(r"cpu|mps|cuda(?::(\d+))?", name)
+    if m is None:
+        raise UsageError(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N, mps")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device={name}: " + ("this torch is a CPU-only build" if torch.version.cuda is None
+                                                   else "no CUDA device is visible"))
+    if m[1] and int(m[1]) >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: there are {torch.cuda.device_count()} CUDA devices, numbered from 0")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("--device=mps: MPS is not available on this machine")
+    return name
 
 
 def train(cfg, ckpt=None):
@@ -389,9 +426,6 @@ def train(cfg, ckpt=None):
     master = rank == 0
     say = print if master else (lambda *a, **k: None)
     device_type = device.split(":")[0]
-    if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
-        raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
-                         f"{cfg['micro_batch_size']} x {world} processes")
     accum = cfg["batch_size"] // (cfg["micro_batch_size"] * world)
     dtype = cfg["dtype"] if cfg["dtype"] != "auto" else "bfloat16" if device_type == "cuda" else "float32"
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -407,8 +441,6 @@ def train(cfg, ckpt=None):
                                   eps=cfg["eps"], fused=device_type == "cuda")
     start = 0
     if ckpt is not None:
-        if ckpt["step"] >= cfg["max_steps"]:
-            raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start = ckpt["step"]
@@ -428,6 +460,7 @@ def train(cfg, ckpt=None):
     flops_per_token = raw_model.estimate_flops(cfg["block_size"])
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
     peak = peak_flops(device, dtype)
+    say("config: " + json.dumps(cfg))
     say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
@@ -500,7 +533,9 @@ def train(cfg, ckpt=None):
         say(f"\ninterrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
         raise SystemExit(130)
     except FloatingPointError as e:
-        say(f"error: {e}; stopping. The last good checkpoint stays in {out_dir} (lower --lr?)")
+        if master:
+            print(f"train.py: error: {e}; stopping. The last good checkpoint stays in {out_dir} (lower --lr?)",
+                  file=sys.stderr)
         raise SystemExit(1)
     if step != cfg["max_steps"]:
         if step % cfg["eval_interval"]:
@@ -521,19 +556,23 @@ def train(cfg, ckpt=None):
     return metrics
 
 
+def fail(message, code):
+    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
+    1 for a failure at run time."""
+    print(f"train.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main(argv=None):
-    cfg = None
     try:
         cfg, ckpt = resolve_config(argv)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print("config: " + json.dumps(cfg))
         return train(cfg, ckpt)
     except UsageError as e:
-        sys.exit(f"train.py: error: {e}")
+        fail(f"error: {e}", 2)
     except prepare_data.DataError as e:
-        sys.exit(f"train.py: error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
-                 f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
-                 "(the offline --preset=tiny needs no download)")
+        fail(f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
+             f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
+             "(the offline --preset=tiny needs no download)", 1)
 
 
 if __name__ == "__main__":
