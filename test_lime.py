@@ -851,6 +851,8 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
 
 # ---- bad input and interruptions ------------------------------------------------------
 
+import shutil
+
 
 def train_args(*flags):
     return lambda a, r, t: tiny_args(a, t / "run", *flags)
@@ -871,6 +873,7 @@ BAD_INPUTS = [
      "notes.md is a file, not a folder"),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
     ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
+    ("train", train_args("--resume", "--overwrite"), 2, "give one of them"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=6", "--resume"), 2,
      "already at max_steps=6"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
@@ -910,4 +913,24 @@ def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, t
     err = error_of(main, argv(arith_dir, arith_run, tmp_path), capsys, code)
     assert err.startswith(f"{script}.py: error: ") and message in err
     assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):
+    old = tmp_path / "old"
+    shutil.copytree(arith_run, old)
+    (old / "routes.png").write_bytes(b"a picture of the old run")
+    before = snapshot(old)
+    for run in (old, tmp_path / "log-only"):  # a log alone is a run too: one cut short before its first save
+        if run.name == "log-only":
+            run.mkdir()
+            (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
+        err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
+        assert err.startswith(f"train.py: error: {run} already holds a run (")
+        assert "--resume" in err and "--overwrite" in err
+    assert snapshot(old) == before
+    train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
+    # --overwrite starts over: only the new run's files, the old picture gone
+    assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
+    assert json.loads((old / "summary.json").read_text())["steps"] == 2 and sorted(train_losses(old)) == [1, 2]
+    assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
 

@@ -89,6 +89,7 @@ POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_emb
             "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
             "eval_samples", "log_interval"]
 NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
 
 # dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
 PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
@@ -127,13 +128,17 @@ def build_parser():
         for f in dataclasses.fields(cls):
             p.add_argument(flag(f.name), type=f.type, help=f"{helps[f.name]} [{f.default}]")
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
     return p
 
 
 def resolve_config(argv):
     """Flags > preset > defaults; with --resume, flags > the checkpoint's saved config."""
     given = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
-    resume = given.pop("resume")
+    resume, overwrite = given.pop("resume"), given.pop("overwrite")
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
     preset = given.get("preset", TrainConfig.preset)
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
@@ -143,6 +148,10 @@ def resolve_config(argv):
     problem = prepare_data.folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
+    found = [name for name in RUN_FILES if (Path(cfg["out_dir"]) / name).exists()]
+    if found and not resume and not overwrite:
+        raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
+                         "or start over with --overwrite")
     ckpt = None
     if resume:
         path = Path(cfg["out_dir"]) / "ckpt.pt"
@@ -373,6 +382,12 @@ def load_model(ckpt, device="cpu"):
     return model.to(device)
 
 
+def clear_run(out_dir):
+    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
+    for name in (*RUN_FILES, "config.json", "routes.png", "entropy.png", "probe.png"):
+        (Path(out_dir) / name).unlink(missing_ok=True)
+
+
 class Log:
     """<out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
 
@@ -381,8 +396,6 @@ class Log:
         if resume_step is not None and self.path.exists():  # forget what came after the checkpoint
             keep = [l for l in self.path.read_text().splitlines() if json.loads(l)["step"] <= resume_step]
             prepare_data.atomic_write(self.path, lambda f: f.write("".join(l + "\n" for l in keep).encode()))
-        elif resume_step is None:
-            self.path.unlink(missing_ok=True)
 
     def write(self, **record):
         with open(self.path, "a") as f:
@@ -454,6 +467,8 @@ def train(cfg, ckpt=None):
     out_dir = Path(cfg["out_dir"])
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is None:
+            clear_run(out_dir)
         prepare_data.atomic_write(out_dir / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
         log = Log(out_dir, start if ckpt is not None else None)
     counts = raw_model.num_params()
