@@ -523,9 +523,22 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
     assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
 
 
+@pytest.fixture(scope="session")
+def whole_run(arith_dir, tmp_path_factory):
+    """tiny_args's 12 steps in one go: what every interrupted and resumed run must equal."""
+    out = tmp_path_factory.mktemp("whole")
+    train.main(tiny_args(arith_dir, out))
+    return out
+
+
+def assert_same_run(out, whole):
+    assert train_losses(out) == train_losses(whole)  # exactly, on CPU
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (whole, out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
-def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt):
-    train.main(tiny_args(arith_dir, tmp_path / "whole"))
+def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch, interrupt):
     parts = tmp_path / "parts"
     if interrupt == "stop-at":
         train.main(tiny_args(arith_dir, parts, "--stop-at=5"))
@@ -547,9 +560,7 @@ def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt
     stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
     assert stopped_at == (5 if interrupt == "stop-at" else 7)
     train.main(tiny_args(arith_dir, parts, "--resume"))
-    assert train_losses(parts) == train_losses(tmp_path / "whole")  # exactly, on CPU
-    whole, resumed = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (tmp_path / "whole", parts))
-    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert_same_run(parts, whole_run)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -587,7 +598,7 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_forward = GPT.forward
     calls = []
@@ -603,7 +614,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, 
     monkeypatch.setattr(GPT, "forward", forward)
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(arith_dir, out))
-    assert e.value.code == 1
+    assert e.value.code == 1 and f"the checkpoint of step 6 stays in {out}" in capsys.readouterr().err
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
     assert not (out / "summary.json").exists()
 
@@ -852,6 +863,7 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
 # ---- bad input and interruptions ------------------------------------------------------
 
 import shutil
+import signal
 
 
 def train_args(*flags):
@@ -933,4 +945,71 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
     assert json.loads((old / "summary.json").read_text())["steps"] == 2 and sorted(train_losses(old)) == [1, 2]
     assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tmp_path, monkeypatch, capsys):
+    """In this process, as a subprocess would spend seconds importing torch: train.main is what
+    `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
+    real_batch, calls = train.ArithmeticData.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * 7 + 1:  # the first micro-batch of step 8: steps 1..7 are done
+            os.kill(os.getpid(), signal.SIGTERM)  # what `kill` and a cluster scheduler send
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(train.ArithmeticData, "batch", batch)
+    out = tmp_path / "run"
+
+    def unhandled(signum, frame):  # rather than the default, which would end the test session
+        pytest.fail("train.py did not handle SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(arith_dir, out))
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # train.py put the handler before it back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 128 + signal.SIGTERM
+    printed = capsys.readouterr()
+    assert "SIGTERM: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
+    monkeypatch.setattr(train.ArithmeticData, "batch", real_batch)
+    train.main(tiny_args(arith_dir, out, "--resume"))
+    assert_same_run(out, whole_run)
+
+
+@pytest.mark.parametrize("case", ["second signal during the save on the way out", "signal during a periodic save"])
+def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, capsys, case):
+    second = case.startswith("second")
+    real_save, real_batch, saves, batches = torch.save, train.ArithmeticData.batch, [], []
+
+    def save(obj, f):
+        saves.append(obj["step"])
+        os.kill(os.getpid(), signal.SIGINT)  # unless it waits, KeyboardInterrupt here, and no checkpoint
+        real_save(obj, f)
+
+    def batch(self, rng, n):
+        batches.append(1)
+        if second and len(batches) == 2 * 3 + 1:  # the first Ctrl-C, after step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(train.ArithmeticData, "batch", batch)
+    periodic = [] if second else ["--eval-interval=2", "--eval-samples=1"]  # the save after the evaluation of step 2
+    ended = None
+    try:
+        train.main(tiny_args(arith_dir, tmp_path / "run", *periodic))
+    except (SystemExit, KeyboardInterrupt) as e:  # a KeyboardInterrupt would otherwise stop the whole test session
+        ended = e
+    assert isinstance(ended, SystemExit) and ended.code == 128 + signal.SIGINT
+    step = 3 if second else 2
+    assert saves == [step]  # one save, whole; the signal during it did not start another
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == step
+    out = capsys.readouterr()
+    assert out.out.count("saving a checkpoint") == 1 and f"interrupted: checkpoint at step {step}" in out.out
+    assert "Traceback" not in out.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
 

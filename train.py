@@ -19,9 +19,10 @@ import math
 import os
 import re
 import resource
+import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -426,7 +427,52 @@ def pick_device(name):
     return name
 
 
-def train(cfg, ckpt=None):
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a cluster scheduler): save a checkpoint and exit 128 + the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """While installed, SIGINT and SIGTERM raise Interrupted, except inside `with signals.hold():`
+    (an optimiser update, a checkpoint save), which a signal waits for. Once stopping, every
+    further signal waits: the checkpoint being saved on the way out must be written whole."""
+
+    def __init__(self):
+        self.held, self.pending, self.stopping = 0, None, False
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+
+    def handle(self, signum, frame):
+        if self.held or self.stopping:
+            self.pending = self.pending or signum
+        else:
+            self.stop(signum)
+
+    def stop(self, signum):
+        self.stopping = True
+        raise Interrupted(signum)
+
+    @contextmanager
+    def hold(self):
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+        if self.pending and not self.held and not self.stopping:
+            self.stop(self.pending)
+
+
+def train(cfg, ckpt=None, signals=None):
     # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
     ddp = "RANK" in os.environ
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
@@ -439,6 +485,7 @@ def train(cfg, ckpt=None):
     master = rank == 0
     say = print if master else (lambda *a, **k: None)
     device_type = device.split(":")[0]
+    signals = signals or Signals()  # not installed: holds nothing, and Ctrl-C is a plain KeyboardInterrupt
     accum = cfg["batch_size"] // (cfg["micro_batch_size"] * world)
     dtype = cfg["dtype"] if cfg["dtype"] != "auto" else "bfloat16" if device_type == "cuda" else "float32"
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -480,10 +527,14 @@ def train(cfg, ckpt=None):
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
+    saved_step = start if ckpt is not None else None  # the step of <out-dir>/ckpt.pt
 
     def checkpoint(step):
-        if master:
-            save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
+        nonlocal saved_step
+        if master and step != saved_step:
+            with signals.hold():  # a signal now waits: a checkpoint is never cut short
+                save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
+                saved_step = step
 
     def run_eval(step):
         t = time.time()
@@ -518,9 +569,10 @@ def train(cfg, ckpt=None):
                 loss_sum += loss.detach()
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-            optimizer.step()
+            with signals.hold():  # all of an update or none of it, so a checkpoint matches its step
+                optimizer.step()
+                step += 1
             optimizer.zero_grad(set_to_none=True)
-            step += 1
             window_steps += 1
             if step % cfg["log_interval"] == 0 or step == last_step:
                 loss_value = loss_sum.item()  # waits for the device
@@ -543,18 +595,21 @@ def train(cfg, ckpt=None):
                 checkpoint(step)
                 sync()
                 window_start, window_steps = time.time(), 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signals.stopping = True  # from here on a signal waits for the checkpoint below
+        signum = getattr(e, "signum", signal.SIGINT)
+        say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
         checkpoint(step)
-        say(f"\ninterrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
-        raise SystemExit(130)
+        say(f"interrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
+        raise SystemExit(128 + signum)
     except FloatingPointError as e:
         if master:
-            print(f"train.py: error: {e}; stopping. The last good checkpoint stays in {out_dir} (lower --lr?)",
-                  file=sys.stderr)
+            kept = f"the checkpoint of step {saved_step} stays in {out_dir}" if saved_step is not None else \
+                "no checkpoint was written"
+            print(f"train.py: error: {e}; stopping: {kept} (lower --lr?)", file=sys.stderr)
         raise SystemExit(1)
     if step != cfg["max_steps"]:
-        if step % cfg["eval_interval"]:
-            checkpoint(step)
+        checkpoint(step)
         say(f"stopped after step {step} (--stop-at); continue with --resume")
     elif master:
         peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
@@ -573,7 +628,7 @@ def train(cfg, ckpt=None):
 
 def fail(message, code):
     """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
-    1 for a failure at run time."""
+    1 for a failure at run time, 128 + the signal for an interruption."""
     print(f"train.py: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -581,13 +636,17 @@ def fail(message, code):
 def main(argv=None):
     try:
         cfg, ckpt = resolve_config(argv)
-        return train(cfg, ckpt)
+        with Signals() as signals:
+            return train(cfg, ckpt, signals)
     except UsageError as e:
         fail(f"error: {e}", 2)
     except prepare_data.DataError as e:
         fail(f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
              f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
              "(the offline --preset=tiny needs no download)", 1)
+    except KeyboardInterrupt as e:  # outside the training loop, where there is nothing to save
+        signum = getattr(e, "signum", signal.SIGINT)
+        fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
 
 
 if __name__ == "__main__":
