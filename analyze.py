@@ -55,7 +55,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    train.prepare_data.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     print(f"saved {path}")
 
@@ -217,6 +217,10 @@ def cmd_probe(args):
 # table: Table 7
 
 
+def relative_change(value, base):
+    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
+
+
 def ablation_table(summaries):
     """Markdown: router, the metric, and its change relative to the `lime` run."""
     task = all("acc_6" in s for s in summaries)
@@ -229,7 +233,7 @@ def ablation_table(summaries):
     for s in summaries:
         cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
         if base:
-            cells += ["-" if s is base else f"{100 * (s[m] - base[m]) / base[m]:+.2f}%" for m in metrics]
+            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1013,3 +1013,12 @@ def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, c
     assert "Traceback" not in out.err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
 
+
+def test_ablation_table_with_a_zero_reference(tmp_path):
+    dirs = []
+    for router, acc in (("lime", 0.0), ("none", 0.25)):  # two short runs: lime solved nothing at 6 operands
+        dirs.append(tmp_path / router)
+        dirs[-1].mkdir()
+        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
+    table = analyze.main(["table", *map(str, dirs)])
+    assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table
