@@ -56,7 +56,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    train.prepare_data.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     print(f"saved {path}")
 
@@ -194,7 +194,8 @@ def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
 def cmd_probe(args):
     cfg, model = load(args.out_dir[0], args)
     if cfg["data"] == "arithmetic":
-        sys.exit("probe: this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', ' was', ' were'")
+        raise train.UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
+                               "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
     feats, labels = [[] for _ in range(cfg["n_layer"])], []
     for x in sequences(cfg, args.num_seqs, args.seq_len):
@@ -209,7 +210,7 @@ def cmd_probe(args):
     print(f"occurrences in {args.num_seqs} validation sequences: " + ", ".join(
         f"{w!r} {c}" for w, c in zip(PROBE_WORDS, counts)))
     if min(counts) < 5:
-        sys.exit("probe: too few occurrences of each word for 5-fold cross-validation; raise --num-seqs")
+        raise train.UsageError("too few occurrences of each word for 5-fold cross-validation: raise --num-seqs")
     accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
     print(f"5-fold linear probe accuracy on values ({cfg['router']}), chance {max(counts) / len(y):.3f}")
     for l, a in enumerate(accs):
@@ -221,6 +222,10 @@ def cmd_probe(args):
 
 # -----------------------------------------------------------------------------
 # table: Table 7
+
+
+def relative_change(value, base):
+    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
 
 
 def ablation_table(summaries):
@@ -235,7 +240,7 @@ def ablation_table(summaries):
     for s in summaries:
         cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
         if base:
-            cells += ["-" if s is base else f"{100 * (s[m] - base[m]) / base[m]:+.2f}%" for m in metrics]
+            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -245,16 +250,23 @@ def cmd_table(args):
     for d in args.run_dirs:
         path = Path(d) / "summary.json"
         if not path.exists():
-            sys.exit(f"table: no {path} (is the run finished?)")
+            raise train.UsageError(f"no {path} (is the run finished?)")
         summaries.append(json.loads(path.read_text()))
     table = ablation_table(summaries)
     print(table)
     return table
 
 
+def fail(message, code):
+    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
+    1 for a failure at run time, 128 + the signal for an interruption."""
+    print(f"analyze.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = train.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)  # subcommands share train.Parser's one-line errors
     for name, help_text in (("routes", "router heatmap per layer and source layer"),
                             ("entropy", "Renyi entropy of values and hidden states per layer"),
                             ("probe", "linear probe of is/are/was/were from values, per layer")):
@@ -263,17 +275,26 @@ def main(argv=None):
                        help="run folder(s) holding ckpt.pt" + (" (several: one curve each)" if name == "entropy" else ""))
         s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
-        s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence")
-        s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order (1: von Neumann)")
+        s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
+        s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", help="run folders")
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(argv)
         if args.command == "table":
             return cmd_table(args)
+        for bad, message in ((args.num_seqs < 1, f"--num-seqs must be positive, got {args.num_seqs}"),
+                             (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
+                             (not args.alpha > 0, f"--alpha must be > 0, got {args.alpha}")):
+            if bad:
+                raise train.UsageError(message)
         return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)
-    except (train.UsageError, train.prepare_data.DataError) as e:
-        sys.exit(f"analyze.py: error: {e}")
+    except train.UsageError as e:
+        fail(f"error: {e}", 2)
+    except train.prepare_data.DataError as e:
+        fail(f"error: {e}", 1)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
 
 
 if __name__ == "__main__":

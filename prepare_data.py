@@ -35,6 +35,16 @@ class DataError(Exception):
     """A problem a user can fix; the command line prints it as one line."""
 
 
+def folder_problem(path):
+    """Why `path` cannot be a folder to write in (its first existing part is a file, say), or None."""
+    for p in [Path(path), *Path(path).parents]:
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file, not a folder"
+            return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
+    return None
+
+
 def atomic_write(path, write):
     """Call write(f) on a temporary file beside `path`, then rename it into place."""
     path = Path(path)
@@ -347,7 +357,8 @@ def load_arithmetic(data_dir):
     """(vocab, {'train': [lines], 'test_4': [...], 'test_5': ..., 'test_6': ...})."""
     data_dir = Path(data_dir)
     if not (data_dir / "meta.json").exists():
-        raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic`")
+        where = "" if data_dir == Path("data/arithmetic") else f" --data-dir {data_dir}"
+        raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     vocab = TaskVocab(json.loads((data_dir / "meta.json").read_text())["vocab"])
     splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
     return vocab, splits
@@ -368,8 +379,20 @@ def final_answer(generated):
 # -----------------------------------------------------------------------------
 
 
+def fail(message, code):
+    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
+    1 for a failure at run time, 128 + the signal for an interruption."""
+    print(f"prepare_data.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad input, not argparse's usage block
+        fail(f"error: {message}", 2)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic"], help="dataset to prepare")
     p.add_argument("--data-dir", help="output folder (default: data/NAME)")
     p.add_argument("--shards", type=int, default=32, help="fineweb-edu: train shards of 1e8 tokens (32 for 3.1B)")
@@ -381,24 +404,27 @@ def main(argv=None):
     p.add_argument("--show", type=int, default=0, metavar="K", help="arithmetic: print K training samples")
     args = p.parse_args(argv)
     data_dir = args.data_dir or os.path.join("data", args.name)
+    if folder_problem(data_dir):
+        p.error(f"--data-dir={data_dir}: {folder_problem(data_dir)}")
+    if args.name == "fineweb-edu" and not 1 <= args.shards <= 99:
+        p.error(f"--shards must be 1..99, got {args.shards}")
+    for key, least in (("train_size", 1), ("test_size", 1), ("show", 0)):
+        if args.name == "arithmetic" and getattr(args, key) < least:
+            p.error(f"--{key.replace('_', '-')} must be >= {least}, got {getattr(args, key)}")
     try:
         if args.name == "fineweb-edu":
-            if not 1 <= args.shards <= 99:
-                raise DataError(f"--shards must be 1..99, got {args.shards}")
             prepare_fineweb(data_dir, args.shards, args.base_url)
         elif args.name == "shakespeare":
             prepare_shakespeare(data_dir, args.url)
         else:
-            if args.train_size < 1 or args.test_size < 1:
-                raise DataError("--train-size and --test-size must be positive")
             prepare_arithmetic(data_dir, args.seed, args.train_size, args.test_size)
             train = load_arithmetic(data_dir)[1]["train"]
             for line in train[:: max(1, len(train) // args.show)][: args.show] if args.show > 0 else []:
                 print(line)  # spread over the file, so every operand count shows
     except DataError as e:
-        sys.exit(f"error: {e}")
+        fail(f"error: {e}", 1)
     except KeyboardInterrupt:
-        sys.exit("interrupted: a partial download stays as .part and resumes on the next run")
+        fail("interrupted: a partial download stays as .part and resumes on the next run", 130)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,11 @@ class Codec:
     def encode(self, text):
         if self.arithmetic:
             text = text.strip().removesuffix("=").strip()
-            prepare_data.parse_expression(text)  # a clear error for anything that is not a task expression
-            return self.vocab.encode(text + " =")
+            try:  # a clear error for anything that is not a task expression
+                prepare_data.parse_expression(text)
+                return self.vocab.encode(text + " =")
+            except prepare_data.DataError as e:
+                raise train.UsageError(f"--start: {e}") from None
         return self.enc.encode(text, allowed_special={"<|endoftext|>"})
 
     def decode(self, ids):
@@ -60,13 +63,11 @@ class Codec:
 
 def prompts(args, codec, n):
     """The prompt texts: --start (text or FILE:path), else random test expressions or <|endoftext|>."""
-    if args.start is None:
-        if codec.arithmetic:
-            rng = random.Random(args.seed)
-            tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
-            return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
-        return ["<|endoftext|>"] * n
-    text = args.start
+    if args.start is None and codec.arithmetic:
+        rng = random.Random(args.seed)
+        tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
+        return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
+    text = "<|endoftext|>" if args.start is None else args.start
     if text.startswith("FILE:"):
         try:
             text = Path(text[5:]).read_text(encoding="utf-8")
@@ -74,7 +75,7 @@ def prompts(args, codec, n):
             raise train.UsageError(f"--start {args.start}: {e.strerror}") from None
     if not text.strip():
         raise train.UsageError("--start is empty: give some text (or leave it out)")
-    return [text] * n
+    return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
 
 
 def generate(model, codec, args, device, autocast):
@@ -106,23 +107,38 @@ def generate(model, codec, args, device, autocast):
         yield ids + new
 
 
+def fail(message, code):
+    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
+    1 for a failure at run time, 128 + the signal for an interruption."""
+    print(f"sample.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = train.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
                                    "(default: random test expressions / <|endoftext|>)")
-    p.add_argument("--num-samples", type=int, default=3, help="how many samples to generate")
+    p.add_argument("--num-samples", type=int, default=3,
+                   help="how many samples to generate (one for a prompt decoded greedily: they would be the same)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample at most")
     p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy "
                                                      "(default: 0 for arithmetic, 0.8 for language)")
-    p.add_argument("--top-k", type=int, help="sample only from the k most likely tokens (default: 200 for language)")
+    p.add_argument("--top-k", type=int, help="sample only from the k >= 1 most likely tokens "
+                                             "(default: 200 for language)")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling and for picking expressions")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
     p.add_argument("--eval", action="store_true", help="evaluate instead: accuracy per operand count "
                                                        "(arithmetic) or validation perplexity (language)")
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(argv)
+        if args.num_samples < 1 or args.max_new_tokens < 1:
+            raise train.UsageError("--num-samples and --max-new-tokens must be positive")
+        if args.temperature is not None and not args.temperature >= 0:
+            raise train.UsageError(f"--temperature must be >= 0, got {args.temperature}")
+        if args.top_k is not None and args.top_k < 1:
+            raise train.UsageError(f"--top-k must be positive, got {args.top_k}")
         device = train.pick_device(args.device)
         cfg, model = load_checkpoint(args.out_dir, device)
         cfg["data_dir"] = args.data_dir or cfg["data_dir"]
@@ -136,12 +152,14 @@ def main(argv=None):
             args.temperature = 0.0 if codec.arithmetic else 0.8
         if args.top_k is None and not codec.arithmetic:
             args.top_k = 200
-        if args.num_samples < 1 or args.max_new_tokens < 1 or args.temperature < 0:
-            raise train.UsageError("--num-samples and --max-new-tokens must be positive, --temperature >= 0")
         torch.manual_seed(args.seed)
         return list(generate(model, codec, args, device, autocast))
-    except (train.UsageError, prepare_data.DataError) as e:
-        sys.exit(f"sample.py: error: {e}")
+    except train.UsageError as e:
+        fail(f"error: {e}", 2)
+    except prepare_data.DataError as e:
+        fail(f"error: {e}", 1)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
 
 
 if __name__ == "__main__":

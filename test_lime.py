@@ -349,6 +349,18 @@ import tiktoken
 import prepare_data as pd
 
 
+def error_of(main, argv, capsys, code=2):
+    """A script's main(argv) that must fail: checks the exit code (2 for bad usage, 1 for a failure
+    at run time) and that stderr is one line, and returns that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == code, (e.value.code, err)
+    assert err.endswith("\n") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
 class FileServer:
     """Serves bytes from 127.0.0.1 with HTTP Range; can cut a file's first response halfway."""
 
@@ -448,19 +460,19 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
     files = fineweb_files(1)
     files["finewebedu_train_000001.bin"] = bad
     server = serve(files)
-    with pytest.raises(SystemExit) as exit_info:
-        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
-    assert message in str(exit_info.value) and str(exit_info.value).count("\n") == 0
-    assert str(exit_info.value).startswith("error: finewebedu_train_000001.bin")
+    err = error_of(pd.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin")
     assert not (tmp_path / "finewebedu_train_000001.bin").exists()
     assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
     assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
 
 
-def test_missing_file_is_one_line(serve, tmp_path):
+def test_missing_file_is_one_line(serve, tmp_path, capsys):
     server = serve({})
-    with pytest.raises(SystemExit, match="error: .*HTTP 404"):
-        pd.main(["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url])
+    err = error_of(pd.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert re.match("prepare_data.py: error: .*HTTP 404", err)
 
 
 def small_encoding():
@@ -600,9 +612,22 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
     assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
 
 
+@pytest.fixture(scope="session")
+def whole_run(arith_dir, tmp_path_factory):
+    """tiny_args's 12 steps in one go: what every interrupted and resumed run must equal."""
+    out = tmp_path_factory.mktemp("whole")
+    train.main(tiny_args(arith_dir, out))
+    return out
+
+
+def assert_same_run(out, whole):
+    assert train_losses(out) == train_losses(whole)  # exactly, on CPU
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (whole, out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
-def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt):
-    train.main(tiny_args(arith_dir, tmp_path / "whole"))
+def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch, interrupt):
     parts = tmp_path / "parts"
     if interrupt == "stop-at":
         train.main(tiny_args(arith_dir, parts, "--stop-at=5"))
@@ -624,9 +649,7 @@ def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt
     stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
     assert stopped_at == (5 if interrupt == "stop-at" else 7)
     train.main(tiny_args(arith_dir, parts, "--resume"))
-    assert train_losses(parts) == train_losses(tmp_path / "whole")  # exactly, on CPU
-    whole, resumed = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (tmp_path / "whole", parts))
-    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert_same_run(parts, whole_run)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -638,36 +661,33 @@ def test_resume_equals_uninterrupted(arith_dir, tmp_path, monkeypatch, interrupt
     (["--schedule=step"], "--schedule='step': choose from cosine, linear"),
     (["--max-steps=abc"], "argument --max-steps: invalid int value"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, flags, message):
+def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, flags, message):
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as e:
-        train.main(tiny_args(arith_dir, out, *flags))
-    assert str(e.value).startswith("train.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+    err = error_of(train.main, tiny_args(arith_dir, out, *flags), capsys)
+    assert err.startswith("train.py: error: ") and message in err
     assert not out.exists()
 
 
-def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path):
+def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(arith_dir, out, "--stop-at=2"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(SystemExit, match=r"was trained with router='lime' \(not 'none'\)"):
-        train.main(tiny_args(arith_dir, out, "--router=none", "--resume"))
+    assert "was trained with router='lime' (not 'none')" in error_of(
+        train.main, tiny_args(arith_dir, out, "--router=none", "--resume"), capsys)
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(SystemExit, match="--resume: cannot read"):
-        train.main(tiny_args(arith_dir, out, "--resume"))
+    assert "--resume: cannot read" in error_of(train.main, tiny_args(arith_dir, out, "--resume"), capsys)
     assert {p.name for p in out.iterdir()} == set(before)
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
 
-def test_missing_language_data_says_how_to_prepare(tmp_path):
-    with pytest.raises(SystemExit) as e:
-        train.main(["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"])
-    msg = str(e.value)
+def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
+    msg = error_of(train.main, ["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"],
+                   capsys, code=1)
     assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
-    assert "\n" not in msg and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_forward = GPT.forward
     calls = []
@@ -683,7 +703,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, 
     monkeypatch.setattr(GPT, "forward", forward)
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(arith_dir, out))
-    assert e.value.code == 1
+    assert e.value.code == 1 and f"the checkpoint of step 6 stays in {out}" in capsys.readouterr().err
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
     assert not (out / "summary.json").exists()
 
@@ -786,8 +806,11 @@ def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path)
     prompt.write_text("To be")
     outs = sample.main(["--out-dir", str(language_run), "--start", f"FILE:{prompt}", "--num-samples", "2",
                         "--max-new-tokens", "10", "--temperature", "0"])
-    assert len(outs) == 2 and outs[0] == outs[1] and len(outs[0]) == len("To be") + 10
+    assert len(outs) == 1 and len(outs[0]) == len("To be") + 10  # greedy: the one answer, once
     assert capsys.readouterr().out.startswith("To be") and small_encoding().decode(outs[0][:5]) == "To be"
+    outs = sample.main(["--out-dir", str(language_run), "--start", "To be", "--num-samples", "2",
+                        "--max-new-tokens", "10", "--temperature", "1", "--top-k", "1"])
+    assert len(outs) == 2 and outs[0] == outs[1]  # sampled, so two, though top-k 1 makes them equal
 
 
 @pytest.mark.parametrize("args, message", [
@@ -798,18 +821,15 @@ def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path)
     (["--start", "1000 - 1"], "'1000' is not in the task vocabulary"),
     (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
 ])
-def test_sample_bad_input(arith_run, args, message):
-    with pytest.raises(SystemExit) as e:
-        sample.main(["--out-dir", str(arith_run), *args])
-    assert str(e.value).startswith("sample.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+def test_sample_bad_input(arith_run, capsys, args, message):
+    err = error_of(sample.main, ["--out-dir", str(arith_run), *args], capsys)
+    assert err.startswith("sample.py: error: ") and message in err
 
 
-def test_sample_missing_or_unreadable_checkpoint(tmp_path):
-    with pytest.raises(SystemExit, match="no checkpoint at"):
-        sample.main(["--out-dir", str(tmp_path)])
+def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
+    assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
     (tmp_path / "ckpt.pt").write_text("garbage")
-    with pytest.raises(SystemExit, match="cannot read"):
-        sample.main(["--out-dir", str(tmp_path)])
+    assert "cannot read" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
 
 
 # ---- benchmark ------------------------------------------------------------------------
@@ -919,9 +939,9 @@ def test_linear_probe_separates_what_is_separable():
     assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
 
 
-def test_probe_command(arith_run, tmp_path):
-    with pytest.raises(SystemExit, match="arithmetic checkpoint; its task vocabulary has no ' is'"):
-        analyze.main(["probe", "--out-dir", str(arith_run)])
+def test_probe_command(arith_run, tmp_path, capsys):
+    assert "arithmetic checkpoint; its task vocabulary has no ' is'" in error_of(
+        analyze.main, ["probe", "--out-dir", str(arith_run)], capsys)
     data, out = tmp_path / "data", tmp_path / "run"
     g = np.random.default_rng(0)
     words = list(analyze.PROBE_WORDS.values())
@@ -946,8 +966,7 @@ def test_ablation_table(tmp_path, capsys):
     table = analyze.main(["table", *dirs])
     assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
     assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
-    with pytest.raises(SystemExit, match="no .*summary.json"):
-        analyze.main(["table", str(tmp_path)])
+    assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys))
 
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
@@ -957,3 +976,167 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
     assert train.peak_flops("cuda:1", "bfloat16") == 756e12
     assert train.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
     assert train.peak_flops("cuda", "float32") is None and train.peak_flops("cpu", "bfloat16") is None
+
+
+# ---- bad input and interruptions ------------------------------------------------------
+
+import shutil
+import signal
+
+
+def train_args(*flags):
+    return lambda a, r, t: tiny_args(a, t / "run", *flags)
+
+
+# Every bad input of issue 12, through the scripts' main(argv). In argv(a, r, t), a is the arithmetic
+# data, r a finished run and t a scratch folder holding a file notes.md. Exit code 2: bad usage.
+BAD_INPUTS = [
+    ("train", train_args("--seed=-1"), 2, "--seed must be >= 0, got -1"),
+    ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
+    ("train", train_args("--n-head=0"), 2, "--n-head must be positive, got 0"),
+    ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
+    ("train", train_args("--n-layer=0"), 2, "--n-layer must be positive, got 0"),
+    ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
+    ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md'}"), 2, "is a file, not a folder"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
+     "notes.md is a file, not a folder"),
+    ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
+    ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
+    ("train", train_args("--resume", "--overwrite"), 2, "give one of them"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=6", "--resume"), 2,
+     "already at max_steps=6"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
+     "--top-k must be positive"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
+     "no arithmetic data in"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--show", "-1"], 2,
+     "--show must be >= 0, got -1"),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
+]
+
+
+def snapshot(*roots):
+    """Every path under the roots, with the bytes of each file."""
+    return {p: p.read_bytes() if p.is_file() else None for root in roots for p in [root, *root.rglob("*")]}
+
+
+def bad_input_id(case):
+    script, argv, _, _ = case
+    args = argv(Path("a"), Path("r"), Path("t"))
+    return " ".join([script, *(args[len(tiny_args("a", "r")):] if script == "train" else args)])
+
+
+@pytest.mark.parametrize("script, argv, code, message", BAD_INPUTS, ids=map(bad_input_id, BAD_INPUTS))
+def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, tmp_path, capsys, monkeypatch,
+                                                         script, argv, code, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)  # what a CPU-only build says, even on a GPU machine
+    (tmp_path / "notes.md").write_text("not a folder")
+    before = snapshot(arith_dir, arith_run, tmp_path)
+    main = {"train": train.main, "sample": sample.main, "prepare_data": pd.main, "analyze": analyze.main}[script]
+    err = error_of(main, argv(arith_dir, arith_run, tmp_path), capsys, code)
+    assert err.startswith(f"{script}.py: error: ") and message in err
+    assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):
+    old = tmp_path / "old"
+    shutil.copytree(arith_run, old)
+    (old / "routes.png").write_bytes(b"a picture of the old run")
+    before = snapshot(old)
+    for run in (old, tmp_path / "log-only"):  # a log alone is a run too: one cut short before its first save
+        if run.name == "log-only":
+            run.mkdir()
+            (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
+        err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
+        assert err.startswith(f"train.py: error: {run} already holds a run (")
+        assert "--resume" in err and "--overwrite" in err
+    assert snapshot(old) == before
+    train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
+    # --overwrite starts over: only the new run's files, the old picture gone
+    assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
+    assert json.loads((old / "summary.json").read_text())["steps"] == 2 and sorted(train_losses(old)) == [1, 2]
+    assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tmp_path, monkeypatch, capsys):
+    """In this process, as a subprocess would spend seconds importing torch: train.main is what
+    `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
+    real_batch, calls = train.ArithmeticData.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * 7 + 1:  # the first micro-batch of step 8: steps 1..7 are done
+            os.kill(os.getpid(), signal.SIGTERM)  # what `kill` and a cluster scheduler send
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(train.ArithmeticData, "batch", batch)
+    out = tmp_path / "run"
+
+    def unhandled(signum, frame):  # rather than the default, which would end the test session
+        pytest.fail("train.py did not handle SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(arith_dir, out))
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # train.py put the handler before it back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 128 + signal.SIGTERM
+    printed = capsys.readouterr()
+    assert "SIGTERM: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
+    monkeypatch.setattr(train.ArithmeticData, "batch", real_batch)
+    train.main(tiny_args(arith_dir, out, "--resume"))
+    assert_same_run(out, whole_run)
+
+
+@pytest.mark.parametrize("case", ["second signal during the save on the way out", "signal during a periodic save"])
+def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, capsys, case):
+    second = case.startswith("second")
+    real_save, real_batch, saves, batches = torch.save, train.ArithmeticData.batch, [], []
+
+    def save(obj, f):
+        saves.append(obj["step"])
+        os.kill(os.getpid(), signal.SIGINT)  # unless it waits, KeyboardInterrupt here, and no checkpoint
+        real_save(obj, f)
+
+    def batch(self, rng, n):
+        batches.append(1)
+        if second and len(batches) == 2 * 3 + 1:  # the first Ctrl-C, after step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(train.ArithmeticData, "batch", batch)
+    periodic = [] if second else ["--eval-interval=2", "--eval-samples=1"]  # the save after the evaluation of step 2
+    ended = None
+    try:
+        train.main(tiny_args(arith_dir, tmp_path / "run", *periodic))
+    except (SystemExit, KeyboardInterrupt) as e:  # a KeyboardInterrupt would otherwise stop the whole test session
+        ended = e
+    assert isinstance(ended, SystemExit) and ended.code == 128 + signal.SIGINT
+    step = 3 if second else 2
+    assert saves == [step]  # one save, whole; the signal during it did not start another
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == step
+    out = capsys.readouterr()
+    assert out.out.count("saving a checkpoint") == 1 and f"interrupted: checkpoint at step {step}" in out.out
+    assert "Traceback" not in out.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
+
+
+def test_ablation_table_with_a_zero_reference(tmp_path):
+    dirs = []
+    for router, acc in (("lime", 0.0), ("none", 0.25)):  # two short runs: lime solved nothing at 6 operands
+        dirs.append(tmp_path / router)
+        dirs[-1].mkdir()
+        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
+    table = analyze.main(["table", *map(str, dirs)])
+    assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table

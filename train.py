@@ -19,9 +19,10 @@ import math
 import os
 import re
 import resource
+import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,11 @@ PRESETS = {
 MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
 TRAIN_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
+POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
+            "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
+            "eval_samples", "log_interval"]
+NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
 
 # dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
 PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
@@ -97,8 +103,13 @@ def peak_flops(device, dtype):
     return next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
 
 
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2, nothing written."""
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit code 2, nothing written. A ValueError, so that bench.py,
+    which reports those, says what is wrong with a --device too."""
+
+
+def flag(key):
+    return "--" + key.replace("_", "-")
 
 
 def field_help(cls):
@@ -116,21 +127,32 @@ def build_parser():
     for cls in (TrainConfig, GPTConfig):
         helps = field_help(cls)
         for f in dataclasses.fields(cls):
-            p.add_argument("--" + f.name.replace("_", "-"), type=f.type, help=f"{helps[f.name]} [{f.default}]")
+            p.add_argument(flag(f.name), type=f.type, help=f"{helps[f.name]} [{f.default}]")
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
     return p
 
 
 def resolve_config(argv):
     """Flags > preset > defaults; with --resume, flags > the checkpoint's saved config."""
     given = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
-    resume = given.pop("resume")
+    resume, overwrite = given.pop("resume"), given.pop("overwrite")
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
     preset = given.get("preset", TrainConfig.preset)
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
     cfg = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig()), **PRESETS[preset], **given}
     cfg["preset"] = preset
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
+    problem = prepare_data.folder_problem(cfg["out_dir"])
+    if problem:
+        raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
+    found = [name for name in RUN_FILES if (Path(cfg["out_dir"]) / name).exists()]
+    if found and not resume and not overwrite:
+        raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
+                         "or start over with --overwrite")
     ckpt = None
     if resume:
         path = Path(cfg["out_dir"]) / "ckpt.pt"
@@ -147,12 +169,26 @@ def resolve_config(argv):
             raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
         cfg = {**saved, **{k: v for k, v in given.items() if k in SESSION_FIELDS or k == "max_steps"}}
         cfg["stop_at"] = given.get("stop_at", 0)
+        if ckpt["step"] >= cfg["max_steps"]:
+            raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
+        if 0 < cfg["stop_at"] <= ckpt["step"]:
+            raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
     cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
     check_config(cfg)
     return cfg, ckpt
 
 
 def check_config(cfg):
+    # `not x > 0` rather than `x <= 0`: a NaN fails too
+    for key in POSITIVE:
+        if not cfg[key] > 0:
+            raise UsageError(f"{flag(key)} must be positive, got {cfg[key]}")
+    for key in NON_NEGATIVE:
+        if not cfg[key] >= 0:
+            raise UsageError(f"{flag(key)} must be >= 0, got {cfg[key]}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= cfg[key] < 1:
+            raise UsageError(f"{flag(key)} must be in [0, 1), got {cfg[key]}")
     try:
         GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})
     except ValueError as e:
@@ -161,10 +197,12 @@ def check_config(cfg):
                    schedule=("cosine", "linear"), dtype=("auto", "bfloat16", "float32"), compile=("auto", "on", "off"))
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
-            raise UsageError(f"--{key.replace('_', '-')}={cfg[key]!r}: choose from {', '.join(allowed)}")
-    for key in ("batch_size", "micro_batch_size", "max_steps", "eval_interval", "log_interval"):
-        if cfg[key] < 1:
-            raise UsageError(f"--{key.replace('_', '-')} must be positive, got {cfg[key]}")
+            raise UsageError(f"{flag(key)}={cfg[key]!r}: choose from {', '.join(allowed)}")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
+        raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
+                         f"{cfg['micro_batch_size']} x {world} processes")
+    pick_device(cfg["device"])
 
 
 # -----------------------------------------------------------------------------
@@ -201,7 +239,8 @@ class TokenData:
 
 class ArithmeticData:
     def __init__(self, cfg, with_train=True):
-        if not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
+        # only training generates the task: evaluating or analysing a run reads it, like any other data
+        if with_train and not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
             print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
             prepare_data.prepare_arithmetic(cfg["data_dir"])
         self.vocab, splits = prepare_data.load_arithmetic(cfg["data_dir"])
@@ -344,6 +383,12 @@ def load_model(ckpt, device="cpu"):
     return model.to(device)
 
 
+def clear_run(out_dir):
+    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
+    for name in (*RUN_FILES, "config.json", "routes.png", "entropy.png", "probe.png"):
+        (Path(out_dir) / name).unlink(missing_ok=True)
+
+
 class Log:
     """<out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
 
@@ -352,8 +397,6 @@ class Log:
         if resume_step is not None and self.path.exists():  # forget what came after the checkpoint
             keep = [l for l in self.path.read_text().splitlines() if json.loads(l)["step"] <= resume_step]
             prepare_data.atomic_write(self.path, lambda f: f.write("".join(l + "\n" for l in keep).encode()))
-        elif resume_step is None:
-            self.path.unlink(missing_ok=True)
 
     def write(self, **record):
         with open(self.path, "a") as f:
@@ -368,14 +411,68 @@ def format_eta(seconds):
 
 
 def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
+    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    m = re.fullmatch(r"cpu|mps|cuda(?::(\d+))?", name)
+    if m is None:
+        raise UsageError(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N, mps")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device={name}: " + ("this torch is a CPU-only build" if torch.version.cuda is None
+                                                   else "no CUDA device is visible"))
+    if m[1] and int(m[1]) >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: there are {torch.cuda.device_count()} CUDA devices, numbered from 0")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("--device=mps: MPS is not available on this machine")
+    return name
 
 
-def train(cfg, ckpt=None):
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a cluster scheduler): save a checkpoint and exit 128 + the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """While installed, SIGINT and SIGTERM raise Interrupted, except inside `with signals.hold():`
+    (an optimiser update, a checkpoint save), which a signal waits for. Once stopping, every
+    further signal waits: the checkpoint being saved on the way out must be written whole."""
+
+    def __init__(self):
+        self.held, self.pending, self.stopping = 0, None, False
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+
+    def handle(self, signum, frame):
+        if self.held or self.stopping:
+            self.pending = self.pending or signum
+        else:
+            self.stop(signum)
+
+    def stop(self, signum):
+        self.stopping = True
+        raise Interrupted(signum)
+
+    @contextmanager
+    def hold(self):
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+        if self.pending and not self.held and not self.stopping:
+            self.stop(self.pending)
+
+
+def train(cfg, ckpt=None, signals=None):
     # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
     ddp = "RANK" in os.environ
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
@@ -388,9 +485,7 @@ def train(cfg, ckpt=None):
     master = rank == 0
     say = print if master else (lambda *a, **k: None)
     device_type = device.split(":")[0]
-    if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
-        raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
-                         f"{cfg['micro_batch_size']} x {world} processes")
+    signals = signals or Signals()  # not installed: holds nothing, and Ctrl-C is a plain KeyboardInterrupt
     accum = cfg["batch_size"] // (cfg["micro_batch_size"] * world)
     dtype = cfg["dtype"] if cfg["dtype"] != "auto" else "bfloat16" if device_type == "cuda" else "float32"
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -406,8 +501,6 @@ def train(cfg, ckpt=None):
                                   eps=cfg["eps"], fused=device_type == "cuda")
     start = 0
     if ckpt is not None:
-        if ckpt["step"] >= cfg["max_steps"]:
-            raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start = ckpt["step"]
@@ -421,20 +514,27 @@ def train(cfg, ckpt=None):
     out_dir = Path(cfg["out_dir"])
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is None:
+            clear_run(out_dir)
         prepare_data.atomic_write(out_dir / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
         log = Log(out_dir, start if ckpt is not None else None)
     counts = raw_model.num_params()
     flops_per_token = raw_model.estimate_flops(cfg["block_size"])
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
     peak = peak_flops(device, dtype)
+    say("config: " + json.dumps(cfg))
     say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
+    saved_step = start if ckpt is not None else None  # the step of <out-dir>/ckpt.pt
 
     def checkpoint(step):
-        if master:
-            save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
+        nonlocal saved_step
+        if master and step != saved_step:
+            with signals.hold():  # a signal now waits: a checkpoint is never cut short
+                save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
+                saved_step = step
 
     def run_eval(step):
         t = time.time()
@@ -469,9 +569,10 @@ def train(cfg, ckpt=None):
                 loss_sum += loss.detach()
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-            optimizer.step()
+            with signals.hold():  # all of an update or none of it, so a checkpoint matches its step
+                optimizer.step()
+                step += 1
             optimizer.zero_grad(set_to_none=True)
-            step += 1
             window_steps += 1
             if step % cfg["log_interval"] == 0 or step == last_step:
                 loss_value = loss_sum.item()  # waits for the device
@@ -494,16 +595,21 @@ def train(cfg, ckpt=None):
                 checkpoint(step)
                 sync()
                 window_start, window_steps = time.time(), 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signals.stopping = True  # from here on a signal waits for the checkpoint below
+        signum = getattr(e, "signum", signal.SIGINT)
+        say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
         checkpoint(step)
-        say(f"\ninterrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
-        raise SystemExit(130)
+        say(f"interrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
+        raise SystemExit(128 + signum)
     except FloatingPointError as e:
-        say(f"error: {e}; stopping. The last good checkpoint stays in {out_dir} (lower --lr?)")
+        if master:
+            kept = f"the checkpoint of step {saved_step} stays in {out_dir}" if saved_step is not None else \
+                "no checkpoint was written"
+            print(f"train.py: error: {e}; stopping: {kept} (lower --lr?)", file=sys.stderr)
         raise SystemExit(1)
     if step != cfg["max_steps"]:
-        if step % cfg["eval_interval"]:
-            checkpoint(step)
+        checkpoint(step)
         say(f"stopped after step {step} (--stop-at); continue with --resume")
     elif master:
         peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
@@ -520,19 +626,27 @@ def train(cfg, ckpt=None):
     return metrics
 
 
+def fail(message, code):
+    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
+    1 for a failure at run time, 128 + the signal for an interruption."""
+    print(f"train.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main(argv=None):
-    cfg = None
     try:
         cfg, ckpt = resolve_config(argv)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print("config: " + json.dumps(cfg))
-        return train(cfg, ckpt)
+        with Signals() as signals:
+            return train(cfg, ckpt, signals)
     except UsageError as e:
-        sys.exit(f"train.py: error: {e}")
+        fail(f"error: {e}", 2)
     except prepare_data.DataError as e:
-        sys.exit(f"train.py: error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
-                 f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
-                 "(the offline --preset=tiny needs no download)")
+        fail(f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
+             f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
+             "(the offline --preset=tiny needs no download)", 1)
+    except KeyboardInterrupt as e:  # outside the training loop, where there is nothing to save
+        signum = getattr(e, "signum", signal.SIGINT)
+        fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
 
 
 if __name__ == "__main__":
