@@ -189,11 +189,10 @@ def parse_args(argv):
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
 
-    if args.device != "auto" and args.device.split(":")[0] not in ("cpu", "cuda", "mps"):
-        p.error(f"--device={args.device!r}: choose auto, cpu, cuda, cuda:N or mps")
-    args.device = train.pick_device(args.device)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device={args.device}: this torch has no CUDA device (torch {torch.__version__})")
+    try:
+        args.device = train.pick_device(args.device)
+    except ValueError as e:  # an unknown device, or one this machine lacks
+        p.error(str(e))
     is_cuda = args.device.startswith("cuda")
     args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5

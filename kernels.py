@@ -59,13 +59,11 @@ def route(kv: Tensor, w: Tensor, partials: list[Tensor]) -> list[Tensor]:
     if use_triton(kv):
         return _route_triton(kv.contiguous(), w.contiguous(), [p.contiguous() for p in partials])
     x = kv.reshape(-1, *kv.shape[-2:])  # (B*T, n_kv, E)
-    mixed = torch.einsum("ihk,pke->iphe", w.to(kv.dtype), x)  # (n_out, B*T, n_kv, E), strided
-    outs = [kv.new_empty(kv.shape) for _ in mixed]  # contiguous, as the fake says: torch.compile relies on it
-    for i, (m, out) in enumerate(zip(mixed, outs)):
-        if i < len(partials):
-            torch.add(m, partials[i].reshape(x.shape), out=out.view(x.shape))
-        else:
-            out.view(x.shape).copy_(m)
+    outs = []
+    for i, wi in enumerate(w.to(kv.dtype)):
+        wi = wi.expand(x.shape[0], *wi.shape)  # the same (n_kv, n_kv) mixing at every position
+        out = torch.baddbmm(partials[i].reshape(x.shape), wi, x) if i < len(partials) else torch.bmm(wi, x)
+        outs.append(out.view(kv.shape))  # fresh and contiguous, as the fake says: torch.compile relies on it
     return outs
 
 
@@ -80,9 +78,11 @@ def route_backward(grads: list[Tensor], kv: Tensor, w: Tensor, need_w: bool) -> 
     if use_triton(kv):
         return _route_backward_triton([g.contiguous() for g in grads], kv.contiguous(), w.contiguous(), need_w)
     x = kv.reshape(-1, *kv.shape[-2:])  # (B*T, n_kv, E)
-    g = torch.stack([g.reshape(x.shape) for g in grads])  # (n_out, B*T, n_kv, E)
-    grad_kv = torch.einsum("ihk,iphe->pke", w.to(g.dtype), g).reshape(kv.shape).contiguous()
-    grad_w = torch.einsum("iphe,pke->ihk", g.float(), x.float()) if need_w else torch.zeros_like(w)
+    g = torch.cat([g.reshape(x.shape) for g in grads], dim=1)  # (B*T, n_out*n_kv, E)
+    grad_kv = torch.matmul(w.to(g.dtype).flatten(0, 1).t(), g).view(kv.shape)
+    grad_w = torch.zeros_like(w)
+    if need_w:  # summed over positions in fp32
+        grad_w = torch.matmul(g.float(), x.float().transpose(1, 2)).sum(0).view(w.shape)
     return grad_kv, grad_w.to(w.dtype).contiguous()  # contiguous, as the fake says
 
 
