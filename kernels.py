@@ -26,9 +26,13 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
     backward   layer j reads its L - j output gradients and kv_j, writes grad kv_j:
                                              sum_{j=0}^{L-1} (L - j + 2)              = 102 at L = 12
 That is about 260 slot passes, 26 GB at the 150M shape: some 9 ms at 3 TB/s, next to 84 ms for a
-`none` training step on one H100. Memory: kv_j is saved once per layer (one slot per layer,
-about +6% at 150M), and a partial lives only until its layer has run. The Triton block sizes
-below are reasoned, not tuned on a GPU.
+`none` training step on one H100 (a count, not a measurement). Memory: kv_j is saved once per
+layer (one slot per layer, about +6% at 150M), and a partial lives only until its layer has run.
+The Triton block sizes below are reasoned, not tuned on a GPU.
+
+NOTE under bf16 the running sums are stored in bf16, so layer l's routed K/V is rounded up to
+l times rather than once. Measured on a CPU at bench.py's 12-layer shape with bf16 autocast,
+the logits differ from fp32 by at most 0.0147 with this op and 0.0155 with route_reference.
 """
 
 import os
@@ -78,12 +82,16 @@ def route_backward(grads: list[Tensor], kv: Tensor, w: Tensor, need_w: bool) -> 
     if use_triton(kv):
         return _route_backward_triton([g.contiguous() for g in grads], kv.contiguous(), w.contiguous(), need_w)
     x = kv.reshape(-1, *kv.shape[-2:])  # (B*T, n_kv, E)
-    g = torch.cat([g.reshape(x.shape) for g in grads], dim=1)  # (B*T, n_out*n_kv, E)
-    grad_kv = torch.matmul(w.to(g.dtype).flatten(0, 1).t(), g).view(kv.shape)
+    grads = [g.reshape(x.shape) for g in grads]
+    wt = w.to(kv.dtype).transpose(1, 2)  # w[i]^T
+    grad_kv = torch.bmm(wt[0].expand(x.shape[0], *wt[0].shape), grads[0])
+    for wi, g in zip(wt[1:], grads[1:]):
+        grad_kv.baddbmm_(wi.expand(x.shape[0], *wi.shape), g)
     grad_w = torch.zeros_like(w)
     if need_w:  # summed over positions in fp32
-        grad_w = torch.matmul(g.float(), x.float().transpose(1, 2)).sum(0).view(w.shape)
-    return grad_kv, grad_w.to(w.dtype).contiguous()  # contiguous, as the fake says
+        xt = x.float().transpose(1, 2)
+        grad_w = torch.stack([torch.bmm(g.float(), xt).sum(0) for g in grads])
+    return grad_kv.view(kv.shape), grad_w.to(w.dtype)  # contiguous, as the fake says
 
 
 @route_backward.register_fake

@@ -225,7 +225,8 @@ def test_identity_router_equals_none(mode):
 def test_route_ops_pass_opcheck():
     """Schema, fake (meta) kernels with the real strides, autograd registration: what torch.compile relies on."""
     g = torch.Generator().manual_seed(0)
-    kv, w = torch.randn(2, 5, 3, 8, generator=g, requires_grad=True), torch.randn(3, 3, 3, generator=g, requires_grad=True)
+    kv = torch.randn(2, 5, 3, 8, generator=g, requires_grad=True)
+    w = torch.randn(3, 3, 3, generator=g, requires_grad=True)
     partials = [torch.randn(2, 5, 3, 8, generator=g, requires_grad=True)]
     torch.library.opcheck(kernels.route, (kv, w, partials))
     grads = [torch.randn(2, 5, 3, 8, generator=g) for _ in range(3)]
@@ -267,6 +268,39 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     for name in ref:
         torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("n_kv, dtype", [(12, torch.bfloat16), (8, torch.bfloat16), (12, torch.float32)])
+def test_cuda_triton_kernels_equal_plain_pytorch(monkeypatch, n_kv, dtype):
+    """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kv = torch.randn(4, 256, n_kv, 128, device="cuda", generator=g).to(dtype)
+    w = torch.randn(10, n_kv, n_kv, device="cuda", generator=g)
+    partials = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(9)]
+    grads = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(10)]
+    results = {}
+    for impl in ("0", "auto"):
+        monkeypatch.setattr(kernels, "USE_TRITON", impl)
+        results[impl] = [*kernels.route(kv, w, partials), *kernels.route_backward(grads, kv, w, True)]
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.02, atol=0.1)
+    for a, b in zip(results["auto"], results["0"]):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_compiled_bf16_equals_cpu_reference(mode):
+    model, idx = routed_model(mode), tokens()
+    ref_logits, ref = run_routing(model, idx, reference=True)
+    model.cuda().zero_grad()
+    compiled = torch.compile(model)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits, loss = compiled(idx.cuda(), idx.cuda())
+    loss.backward()
+    torch.testing.assert_close(logits.float().cpu(), ref_logits, rtol=0, atol=0.05)
+    for name, p in model.named_parameters():
+        assert (p.grad.cpu() - ref[name]).norm() <= 0.05 * ref[name].norm() + 1e-6, name
 
 
 def test_routing_saves_each_layer_once():
