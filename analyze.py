@@ -13,13 +13,12 @@ in LIMe, the layer's own values in the baseline.
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-import sample
-import train
+import prepare_data
+from common import Parser, UsageError, load_checkpoint, one_line_errors
 from lime import route_reference
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
@@ -27,7 +26,7 @@ PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-
 
 def load(out_dir, args):
     """A checkpoint's config and model (on the CPU), reading data from --data-dir if given."""
-    cfg, model = sample.load_checkpoint(out_dir, "cpu")
+    cfg, model = load_checkpoint(out_dir, "cpu")
     cfg["data_dir"] = args.data_dir or cfg["data_dir"]
     return cfg, model
 
@@ -56,7 +55,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    train.prepare_data.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    prepare_data.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     print(f"saved {path}")
 
@@ -94,8 +93,8 @@ def cmd_routes(args):
 
 def sequences(cfg, n, seq_len):
     """The first n validation sequences: fixed windows for language, unpadded test rows for the task."""
-    data = train.load_data(cfg, with_train=False)
-    if isinstance(data, train.ArithmeticData):
+    data = prepare_data.load_data(cfg, with_train=False)
+    if isinstance(data, prepare_data.ArithmeticData):
         return [torch.tensor(ids[:-1]) for ids, _ in data.val[:n]]
     return [x[:seq_len] for x in data.val_x[:n]]
 
@@ -194,7 +193,7 @@ def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
 def cmd_probe(args):
     cfg, model = load(args.out_dir[0], args)
     if cfg["data"] == "arithmetic":
-        raise train.UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
+        raise UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
                                "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
     feats, labels = [[] for _ in range(cfg["n_layer"])], []
@@ -210,7 +209,7 @@ def cmd_probe(args):
     print(f"occurrences in {args.num_seqs} validation sequences: " + ", ".join(
         f"{w!r} {c}" for w, c in zip(PROBE_WORDS, counts)))
     if min(counts) < 5:
-        raise train.UsageError("too few occurrences of each word for 5-fold cross-validation: raise --num-seqs")
+        raise UsageError("too few occurrences of each word for 5-fold cross-validation: raise --num-seqs")
     accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
     print(f"5-fold linear probe accuracy on values ({cfg['router']}), chance {max(counts) / len(y):.3f}")
     for l, a in enumerate(accs):
@@ -250,36 +249,29 @@ def cmd_table(args):
     for d in args.run_dirs:
         path = Path(d) / "summary.json"
         if not path.exists():
-            raise train.UsageError(f"no {path} (is the run finished?)")
+            raise UsageError(f"no {path} (is the run finished?)")
         summaries.append(json.loads(path.read_text()))
     table = ablation_table(summaries)
     print(table)
     return table
 
 
-def fail(message, code):
-    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
-    1 for a failure at run time, 128 + the signal for an interruption."""
-    print(f"analyze.py: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv=None):
-    p = train.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)  # subcommands share train.Parser's one-line errors
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)  # subcommands share Parser's one-line errors
     for name, help_text in (("routes", "router heatmap per layer and source layer"),
                             ("entropy", "Renyi entropy of values and hidden states per layer"),
                             ("probe", "linear probe of is/are/was/were from values, per layer")):
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("--out-dir", nargs="+", required=True,
-                       help="run folder(s) holding ckpt.pt" + (" (several: one curve each)" if name == "entropy" else ""))
+        several = " (several: one curve each)" if name == "entropy" else ""
+        s.add_argument("--out-dir", nargs="+", required=True, help="run folder(s) holding ckpt.pt" + several)
         s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
         s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", help="run folders")
-    try:
+    with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
         if args.command == "table":
             return cmd_table(args)
@@ -287,14 +279,8 @@ def main(argv=None):
                              (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
                              (not args.alpha > 0, f"--alpha must be > 0, got {args.alpha}")):
             if bad:
-                raise train.UsageError(message)
+                raise UsageError(message)
         return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)
-    except train.UsageError as e:
-        fail(f"error: {e}", 2)
-    except train.prepare_data.DataError as e:
-        fail(f"error: {e}", 1)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import prepare_data
-import train
+from common import Parser, UsageError, fail, peak_flops, pick_device, synchronize
 from lime import GPT, GPTConfig
 
 SHAPES = {
@@ -86,21 +86,20 @@ def measure(routers, shape, args, device):
     """Every router in `routers`, in this process, taking turns; one dict of figures per router."""
     is_cuda = device.startswith("cuda")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda and args.dtype == "bfloat16" else nullcontext()
-    sync = (lambda: torch.cuda.synchronize(device)) if is_cuda else (lambda: None)
     B, T = shape["batch_size"], shape["block_size"]
     idx = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0)).to(device)
     runners = [Runner(r, shape, device, args.compile == "on") for r in routers]
     for r in runners:  # warm-up: compilation, autotuning, the allocator's caches
         for _ in range(args.warmup):
             r.train_step(idx, autocast)
-    sync()
+    synchronize(device)
     if is_cuda:  # from here on, the peak counts every allocation: weights, optimiser state, the step
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.steps):
         for r in runners:  # taking turns: A B C A B C ...
             t = time.perf_counter()
             r.train_step(idx, autocast)
-            sync()
+            synchronize(device)
             r.times.append(time.perf_counter() - t)
     memory = {r.router: torch.cuda.max_memory_allocated(device) for r in runners} if is_cuda else \
         {r.router: saved_bytes(r.model, idx) for r in runners}
@@ -110,10 +109,10 @@ def measure(routers, shape, args, device):
             t = time.perf_counter()
             with autocast:
                 r.model.generate(idx[:, : T // 2], args.gen_tokens, temperature=0)
-            sync()
+            synchronize(device)
             r.gen_times.append(time.perf_counter() - t)
             r.model.train()
-    peak_flops = train.peak_flops(device, args.dtype if is_cuda else "float32")
+    peak = peak_flops(device, args.dtype if is_cuda else "float32")
     results = []
     for r in runners:
         ms = 1000 * statistics.median(r.times)
@@ -121,7 +120,7 @@ def measure(routers, shape, args, device):
         gen = B * args.gen_tokens / statistics.median(r.gen_times) if r.gen_times else None
         results.append(dict(router=r.router, ms_per_step=ms, tokens_per_s=tok_s, memory_bytes=memory[r.router],
                             gen_tokens_per_s=gen, params=r.model.num_params()["total"],
-                            mfu=r.model.estimate_flops(T) * tok_s / peak_flops if peak_flops else None,
+                            mfu=r.model.estimate_flops(T) * tok_s / peak if peak else None,
                             flops_per_token=r.model.estimate_flops(T)))
     return results
 
@@ -159,12 +158,6 @@ def print_table(results, base, title):
               f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:9.3f} {gen:>10}")
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit code 2, as argparse's own usage errors
-        print(f"bench.py: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
@@ -189,25 +182,22 @@ def parse_args(argv):
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
 
-    try:
-        args.device = train.pick_device(args.device)
-    except ValueError as e:  # an unknown device, or one this machine lacks
-        p.error(str(e))
+    args.device = pick_device(args.device)
     is_cuda = args.device.startswith("cuda")
     args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
     args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     if not args.routers:
-        p.error("--routers names no router")
+        raise UsageError("--routers names no router")
     for r in args.routers:
         try:
             GPTConfig(router=r)
         except ValueError as e:
-            p.error(str(e))
+            raise UsageError(str(e)) from None
     args.shape = args.shape or ("150m" if is_cuda else "cpu")
     if args.shape not in SHAPES:
-        p.error(f"unknown shape {args.shape!r}: choose from {', '.join(SHAPES)}")
+        raise UsageError(f"unknown shape {args.shape!r}: choose from {', '.join(SHAPES)}")
     shape = dict(SHAPES[args.shape])
     for key in ("n_layer", "batch_size", "block_size"):
         if getattr(args, key) is not None:
@@ -215,7 +205,7 @@ def parse_args(argv):
     try:
         args.depths = [int(d) for d in args.depths.split(",")] if args.depths else []
     except ValueError:
-        p.error(f"--depths={args.depths!r}: expected comma-separated integers, e.g. 12,32,64")
+        raise UsageError(f"--depths={args.depths!r}: expected comma-separated integers, e.g. 12,32,64")
     checks = [(args.steps >= 1, "--steps must be at least 1"), (args.warmup >= 0, "--warmup must be 0 or more"),
               (args.gen_repeats >= 0, "--gen-repeats must be 0 or more"),
               (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
@@ -227,15 +217,18 @@ def parse_args(argv):
                f"{shape['block_size']}")]
     for ok, message in checks:
         if not ok:
-            p.error(message)
+            raise UsageError(message)
     if args.json and not Path(args.json).resolve().parent.is_dir():
-        p.error(f"--json={args.json}: no directory {Path(args.json).resolve().parent}")
+        raise UsageError(f"--json={args.json}: no directory {Path(args.json).resolve().parent}")
     return args, shape
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, shape = parse_args(argv)
+    try:
+        args, shape = parse_args(argv)
+    except UsageError as e:
+        fail("bench.py", f"error: {e}", 2)
     if args.worker:
         Path(args.worker).write_text(json.dumps(measure(args.routers, shape, args, args.device)))
         return None
@@ -255,8 +248,7 @@ def main(argv=None):
             print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
             out["runs"].append(dict(n_layer=depth, results=results))
     except RuntimeError as e:
-        print(f"bench.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail("bench.py", f"error: {e}", 1)
     if args.json:
         prepare_data.atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
         print(f"wrote {args.json}")

@@ -289,21 +289,30 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """Every initial value of the model, in one place."""
+        """Every initial value of the model, in one place:
+          - the embedding (tied with the output head) and every Linear: normal, std 0.02;
+          - except the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2,
+          - and the dynamic routers' input maps (`router.proj`): zero, so that they start static;
+          - RMSNorm gains: one;
+          - learned routers: the identity on the layer's own heads, so that training starts from
+            LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
+            other allowed source, fan_in being the number of (layer, head) sources a head reads.
+        """
         std = 0.02
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                # residual-branch outputs shrink with depth (GPT-2); the dynamic router starts at zero
-                scale = 0.0 if "router" in name else 1 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else 1.0
-                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
-            elif isinstance(module, nn.RMSNorm):
+            if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
+            elif name.endswith("router.proj"):
+                nn.init.zeros_(module.weight)
+            elif name.endswith("c_proj"):
+                nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, Router) and isinstance(module.weight, nn.Parameter):
-                # own-layer heads: identity, so training starts from LLaMA's information flow;
-                # other allowed sources: Kaiming-uniform over the (layer, head) sources a head reads
-                w = module.weight  # (n_kv, n_src, n_kv), or (n_kv, n_src) within-head for `dynamic`
+                w = module.weight  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head for `dynamic`
                 fan_in = w[0].numel()
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
+                # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = 1.0 if module.dynamic else torch.eye(w.shape[0])
 
     def forward(self, idx, targets=None, cache=None):
@@ -378,7 +387,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             counts[next((part for key, part in parts.items() if key in name), "norm")] += p.numel()
         counts["total"] = sum(counts.values())
-        assert counts["total"] == sum(p.numel() for p in self.parameters())
         return counts
 
     def estimate_flops(self, seq_len=None):

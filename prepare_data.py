@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import requests
+import torch
 
 FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -374,6 +375,87 @@ def final_answer(generated):
     """The number after the last '=' of a generated solution, or None if there is none."""
     tail = generated.split("<eos>")[0].split("=")[-1].split()
     return int(tail[0]) if len(tail) == 1 and tail[0].isdigit() else None
+
+
+# -----------------------------------------------------------------------------
+# Batches for training and evaluation: language windows and arithmetic rows, both a pure
+# function of (seed, step, rank), so a resumed run sees exactly the batches an uninterrupted one would
+
+
+class TokenData:
+    """Random windows of block_size + 1 tokens from the train shards; fixed windows from the start
+    of the validation shard, so that every run is evaluated on the same tokens."""
+
+    def __init__(self, cfg, with_train=True):
+        val = load_tokens(cfg["data_dir"], "val")[0]
+        T = cfg["block_size"]
+        n = min(cfg["eval_tokens"], len(val) - 1) // T
+        if n < 1:
+            raise DataError(f"validation shard in {cfg['data_dir']} is shorter than one block of {T}")
+        self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
+        self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
+        self.T = T
+        if with_train:
+            self.train = load_tokens(cfg["data_dir"], "train")
+            self.sizes = np.array([len(s) - T - 1 for s in self.train])
+            if self.sizes.min() < 1:
+                raise DataError(f"a train shard in {cfg['data_dir']} is shorter than one block of {T}")
+
+    def batch(self, rng, n):
+        shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())
+        starts = rng.integers(0, self.sizes[shard])
+        rows = np.stack([self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, starts)])
+        rows = torch.from_numpy(rows)  # (n, T + 1)
+        return rows[:, :-1], rows[:, 1:]
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val_x), size * world):
+            yield self.val_x[i: i + size], self.val_y[i: i + size]
+
+
+class ArithmeticData:
+    """Task samples as rows of block_size tokens; the loss only on the solution. `longest` (tokens,
+    with the final <eos>) and the vocabulary's size are for the caller to check against the model."""
+
+    def __init__(self, cfg, with_train=True):
+        # only training generates the task: evaluating or analysing a run reads it, like any other data
+        if with_train and not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
+            print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
+            prepare_arithmetic(cfg["data_dir"])
+        self.vocab, splits = load_arithmetic(cfg["data_dir"])
+        self.T = cfg["block_size"]
+        self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
+        self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in OPERAND_COUNTS}
+        self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
+        self.longest = max(len(ids) for ids, _ in self.train + self.val)
+
+    def encode_row(self, line):
+        """(token ids with a final <eos>, the position of the first '=')."""
+        return self.vocab.encode(line) + [self.vocab.eos], line.split().index("=")
+
+    def collate(self, rows):
+        """Inputs padded with <eos>; targets only on the solution (after the first '='), -1 elsewhere."""
+        x = torch.full((len(rows), self.T), self.vocab.eos)
+        y = torch.full((len(rows), self.T), -1)
+        for i, (ids, eq) in enumerate(rows):
+            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
+            y[i, eq: len(ids) - 1] = torch.tensor(ids[eq + 1:])
+        return x, y
+
+    def batch(self, rng, n):
+        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val), size * world):
+            yield self.collate(self.val[i: i + size])
+
+
+def load_data(cfg, with_train=True):
+    return (ArithmeticData if cfg["data"] == "arithmetic" else TokenData)(cfg, with_train)
+
+
+def batch_rng(seed, step, rank, micro):
+    return np.random.default_rng([seed, step, rank, micro])
 
 
 # -----------------------------------------------------------------------------

@@ -14,7 +14,6 @@ vocabulary. Generation uses the KV cache.
 
 import argparse
 import random
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,19 +21,7 @@ from pathlib import Path
 import torch
 
 import prepare_data
-import train
-
-
-def load_checkpoint(out_dir, device):
-    path = Path(out_dir) / "ckpt.pt"
-    if not path.exists():
-        raise train.UsageError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        model = train.load_model(ckpt, device)
-    except Exception as e:
-        raise train.UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
-    return ckpt["config"], model.eval()
+from common import Parser, UsageError, evaluate, load_checkpoint, one_line_errors, pick_device, synchronize
 
 
 class Codec:
@@ -54,7 +41,7 @@ class Codec:
                 prepare_data.parse_expression(text)
                 return self.vocab.encode(text + " =")
             except prepare_data.DataError as e:
-                raise train.UsageError(f"--start: {e}") from None
+                raise UsageError(f"--start: {e}") from None
         return self.enc.encode(text, allowed_special={"<|endoftext|>"})
 
     def decode(self, ids):
@@ -72,9 +59,9 @@ def prompts(args, codec, n):
         try:
             text = Path(text[5:]).read_text(encoding="utf-8")
         except OSError as e:
-            raise train.UsageError(f"--start {args.start}: {e.strerror}") from None
+            raise UsageError(f"--start {args.start}: {e.strerror}") from None
     if not text.strip():
-        raise train.UsageError("--start is empty: give some text (or leave it out)")
+        raise UsageError("--start is empty: give some text (or leave it out)")
     return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
 
 
@@ -83,17 +70,16 @@ def generate(model, codec, args, device, autocast):
     for text in prompts(args, codec, args.num_samples):
         ids = codec.encode(text)
         if max(ids) >= model.config.vocab_size:
-            raise train.UsageError(f"token {max(ids)} is outside the model's vocabulary of {model.config.vocab_size}")
+            raise UsageError(f"token {max(ids)} is outside the model's vocabulary of {model.config.vocab_size}")
         if len(ids) >= block_size:
-            raise train.UsageError(f"the prompt is {len(ids)} tokens; the model's block size is {block_size}")
+            raise UsageError(f"the prompt is {len(ids)} tokens; the model's block size is {block_size}")
         max_new = min(args.max_new_tokens, block_size - len(ids))
         idx = torch.tensor([ids], device=device)
         t = time.time()
         with autocast:
             out = model.generate(idx, max_new, temperature=args.temperature, top_k=args.top_k,
                                  stop=codec.vocab.eos if codec.arithmetic else None)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(device)
         new = out[0, len(ids):].tolist()
         speed = f"{len(new) / (time.time() - t):,.0f} tokens/s"
         if codec.arithmetic:
@@ -107,15 +93,8 @@ def generate(model, codec, args, device, autocast):
         yield ids + new
 
 
-def fail(message, code):
-    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
-    1 for a failure at run time, 128 + the signal for an interruption."""
-    print(f"sample.py: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv=None):
-    p = train.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
                                    "(default: random test expressions / <|endoftext|>)")
@@ -131,20 +110,20 @@ def main(argv=None):
     p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
     p.add_argument("--eval", action="store_true", help="evaluate instead: accuracy per operand count "
                                                        "(arithmetic) or validation perplexity (language)")
-    try:
+    with one_line_errors("sample.py"):
         args = p.parse_args(argv)
         if args.num_samples < 1 or args.max_new_tokens < 1:
-            raise train.UsageError("--num-samples and --max-new-tokens must be positive")
+            raise UsageError("--num-samples and --max-new-tokens must be positive")
         if args.temperature is not None and not args.temperature >= 0:
-            raise train.UsageError(f"--temperature must be >= 0, got {args.temperature}")
+            raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
         if args.top_k is not None and args.top_k < 1:
-            raise train.UsageError(f"--top-k must be positive, got {args.top_k}")
-        device = train.pick_device(args.device)
+            raise UsageError(f"--top-k must be positive, got {args.top_k}")
+        device = pick_device(args.device)
         cfg, model = load_checkpoint(args.out_dir, device)
         cfg["data_dir"] = args.data_dir or cfg["data_dir"]
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
         if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
-            metrics = train.evaluate(model, model, train.load_data(cfg, with_train=False), cfg, device, autocast)
+            metrics = evaluate(model, model, prepare_data.load_data(cfg, with_train=False), cfg, device, autocast)
             print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             return metrics
         codec = Codec(cfg)
@@ -154,12 +133,6 @@ def main(argv=None):
             args.top_k = 200
         torch.manual_seed(args.seed)
         return list(generate(model, codec, args, device, autocast))
-    except train.UsageError as e:
-        fail(f"error: {e}", 2)
-    except prepare_data.DataError as e:
-        fail(f"error: {e}", 1)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
 
 
 if __name__ == "__main__":

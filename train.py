@@ -26,13 +26,15 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
+from common import (MODEL_FIELDS, Parser, UsageError, evaluate, fail, peak_flops, pick_device, read_checkpoint,
+                    save_checkpoint, synchronize)
 from lime import GPT, GPTConfig
+from prepare_data import ArithmeticData, batch_rng, load_data
 
 
 @dataclass
@@ -83,7 +85,6 @@ PRESETS = {
                  vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
                  min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
 }
-MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
 TRAIN_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
 POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
@@ -92,42 +93,34 @@ POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_emb
 NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
 RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
 
-# dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
-PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
-
-
-def peak_flops(device, dtype):
-    """Dense bf16 peak FLOP/s of a known CUDA device; None (no MFU shown) for anything else."""
-    if not device.startswith("cuda") or dtype != "bfloat16":
-        return None
-    return next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
-
-
-class UsageError(ValueError):
-    """Bad input: printed as one line, exit code 2, nothing written. A ValueError, so that bench.py,
-    which reports those, says what is wrong with a --device too."""
-
 
 def flag(key):
     return "--" + key.replace("_", "-")
 
 
 def field_help(cls):
-    """The comment after each field of a config dataclass, so flags and fields share one text."""
-    return dict(re.findall(r"^\s+(\w+): \w+ = .*?  # (.*)$", inspect.getsource(cls), flags=re.M))
+    """Each field's help: the comment at the end of its line in the dataclass, so flags and fields
+    share one text. A field without such a comment still gets a flag, helped by its name."""
+    comments = dict(re.findall(r"^\s+(\w+): [\w\[\], ]+ = .*?  # (.*)$", inspect.getsource(cls), flags=re.M))
+    return {f.name: comments.get(f.name, f.name.replace("_", " ")) for f in dataclasses.fields(cls)}
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
+def parse_bool(text):
+    """on/off, true/false, yes/no or 1/0, as `--flag=off` (argparse's type=bool would read 'off' as True)."""
+    words = dict(on=True, true=True, yes=True, off=False, false=False, no=False)
+    words.update({"1": True, "0": False})
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return words[text.lower()]
 
 
-def build_parser():
+def build_parser(configs=(TrainConfig, GPTConfig)):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for cls in (TrainConfig, GPTConfig):
+    for cls in configs:
         helps = field_help(cls)
         for f in dataclasses.fields(cls):
-            p.add_argument(flag(f.name), type=f.type, help=f"{helps[f.name]} [{f.default}]")
+            kind = parse_bool if f.type in (bool, "bool") else f.type
+            p.add_argument(flag(f.name), type=kind, help=f"{helps[f.name]} [{f.default}]")
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
@@ -156,12 +149,10 @@ def resolve_config(argv):
     ckpt = None
     if resume:
         path = Path(cfg["out_dir"]) / "ckpt.pt"
-        if not path.exists():
-            raise UsageError(f"--resume: no checkpoint at {path}")
         try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UsageError(f"--resume: cannot read {path}: {e}".splitlines()[0]) from None
+            ckpt = read_checkpoint(cfg["out_dir"])
+        except UsageError as e:
+            raise UsageError(f"--resume: {e}") from None
         saved = ckpt["config"]
         clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items()
                  if k in saved and k not in SESSION_FIELDS and k != "max_steps" and v != saved[k]]
@@ -206,138 +197,6 @@ def check_config(cfg):
 
 
 # -----------------------------------------------------------------------------
-# Data: language windows and arithmetic rows, both a pure function of (seed, step, rank)
-
-
-class TokenData:
-    def __init__(self, cfg, with_train=True):
-        val = prepare_data.load_tokens(cfg["data_dir"], "val")[0]
-        T = cfg["block_size"]
-        n = min(cfg["eval_tokens"], len(val) - 1) // T
-        if n < 1:
-            raise prepare_data.DataError(f"validation shard in {cfg['data_dir']} is shorter than one block of {T}")
-        # fixed windows from the start of val: every run is evaluated on the same tokens
-        self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
-        self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
-        self.T = T
-        if with_train:
-            self.train = prepare_data.load_tokens(cfg["data_dir"], "train")
-            self.sizes = np.array([len(s) - T - 1 for s in self.train])
-            if self.sizes.min() < 1:
-                raise prepare_data.DataError(f"a train shard in {cfg['data_dir']} is shorter than one block of {T}")
-
-    def batch(self, rng, n):
-        shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())
-        rows = [self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, rng.integers(0, self.sizes[shard]))]
-        rows = torch.from_numpy(np.stack(rows))
-        return rows[:, :-1], rows[:, 1:]
-
-    def val_batches(self, size, rank, world):
-        for i in range(rank * size, len(self.val_x), size * world):
-            yield self.val_x[i: i + size], self.val_y[i: i + size]
-
-
-class ArithmeticData:
-    def __init__(self, cfg, with_train=True):
-        # only training generates the task: evaluating or analysing a run reads it, like any other data
-        if with_train and not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
-            print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
-            prepare_data.prepare_arithmetic(cfg["data_dir"])
-        self.vocab, splits = prepare_data.load_arithmetic(cfg["data_dir"])
-        if len(self.vocab.itos) > cfg["vocab_size"]:
-            raise UsageError(f"--vocab-size={cfg['vocab_size']} is smaller than the task vocabulary ({len(self.vocab.itos)})")
-        self.T = cfg["block_size"]
-        self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
-        self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in prepare_data.OPERAND_COUNTS}
-        self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
-
-    def encode_row(self, line):
-        ids = self.vocab.encode(line) + [self.vocab.eos]
-        if len(ids) > self.T + 1:
-            raise UsageError(f"a sample of {len(ids)} tokens does not fit --block-size={self.T}")
-        return ids, line.split().index("=")
-
-    def collate(self, rows):
-        """Inputs padded with <eos>; targets only on the solution (after the first '='), -1 elsewhere."""
-        x = torch.full((len(rows), self.T), self.vocab.eos)
-        y = torch.full((len(rows), self.T), -1)
-        for i, (ids, eq) in enumerate(rows):
-            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
-            y[i, eq: len(ids) - 1] = torch.tensor(ids[eq + 1:])
-        return x, y
-
-    def batch(self, rng, n):
-        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
-
-    def val_batches(self, size, rank, world):
-        for i in range(rank * size, len(self.val), size * world):
-            yield self.collate(self.val[i: i + size])
-
-
-def load_data(cfg, with_train=True):
-    return (ArithmeticData if cfg["data"] == "arithmetic" else TokenData)(cfg, with_train)
-
-
-def batch_rng(seed, step, rank, micro):
-    return np.random.default_rng([seed, step, rank, micro])
-
-
-# -----------------------------------------------------------------------------
-# Evaluation (also used by sample.py)
-
-
-@torch.no_grad()
-def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world=1):
-    """Mean cross-entropy over the fixed validation set (summed over processes)."""
-    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of tokens)
-    for x, y in data.val_batches(micro_batch_size, rank, world):
-        x, y = x.to(device), y.to(device)
-        with autocast:
-            logits = model(x)[0]
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
-                                                 reduction="sum")
-        total += torch.stack([loss.double(), (y != -1).sum().double()])
-    if world > 1:
-        dist.all_reduce(total)
-    return (total[0] / total[1]).item()
-
-
-@torch.no_grad()
-def arithmetic_accuracy(model, vocab, lines, device, batch_size=256, rank=0, world=1):
-    """Share of expressions whose greedy, open-ended solution ends in the right answer.
-    Prompts of equal length share a batch, so the KV cache needs no padding."""
-    by_length = {}
-    for i in range(rank, len(lines), world):
-        prompt, answer = prepare_data.split_sample(lines[i])
-        by_length.setdefault(len(prompt.split()), []).append((vocab.encode(prompt), answer))
-    correct = torch.zeros(2, device=device)  # (right answers, expressions)
-    for length, items in by_length.items():
-        for i in range(0, len(items), batch_size):
-            chunk = items[i: i + batch_size]
-            idx = torch.tensor([ids for ids, _ in chunk], device=device)
-            out = model.generate(idx, model.config.block_size - length, temperature=0, stop=vocab.eos)
-            for row, (_, answer) in zip(out[:, length:].tolist(), chunk):
-                correct[0] += prepare_data.final_answer(vocab.decode(row)) == answer
-            correct[1] += len(chunk)
-    if world > 1:
-        dist.all_reduce(correct)
-    return (correct[0] / correct[1].clamp(min=1)).item()
-
-
-def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
-    """Validation loss (and perplexity or arithmetic accuracies) as a dict."""
-    model.eval()
-    loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
-    out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
-    if isinstance(data, ArithmeticData):
-        for n, lines in data.tests.items():
-            with autocast:
-                out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
-    model.train()
-    return out
-
-
-# -----------------------------------------------------------------------------
 # Optimiser and schedule
 
 
@@ -367,22 +226,6 @@ def learning_rate(step, cfg):
 # Checkpoints and logs
 
 
-def atomic_torch_save(obj, path):
-    prepare_data.atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def save_checkpoint(out_dir, raw_model, optimizer, step, cfg):
-    atomic_torch_save(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), step=step, config=cfg,
-                           data_state=dict(seed=cfg["seed"], next_step=step)), Path(out_dir) / "ckpt.pt")
-
-
-def load_model(ckpt, device="cpu"):
-    """The model of a checkpoint, rebuilt from its saved config (used by sample.py and analyze.py too)."""
-    model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in MODEL_FIELDS}))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device)
-
-
 def clear_run(out_dir):
     """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
     for name in (*RUN_FILES, "config.json", "routes.png", "entropy.png", "probe.png"):
@@ -408,23 +251,6 @@ def format_eta(seconds):
 
 
 # -----------------------------------------------------------------------------
-
-
-def pick_device(name):
-    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    m = re.fullmatch(r"cpu|mps|cuda(?::(\d+))?", name)
-    if m is None:
-        raise UsageError(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N, mps")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device={name}: " + ("this torch is a CPU-only build" if torch.version.cuda is None
-                                                   else "no CUDA device is visible"))
-    if m[1] and int(m[1]) >= torch.cuda.device_count():
-        raise UsageError(f"--device={name}: there are {torch.cuda.device_count()} CUDA devices, numbered from 0")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise UsageError("--device=mps: MPS is not available on this machine")
-    return name
 
 
 class Interrupted(KeyboardInterrupt):
@@ -472,6 +298,21 @@ class Signals:
             self.stop(self.pending)
 
 
+class Checkpoints:
+    """<out-dir>/ckpt.pt, written by rank 0 only, at most once per step, and whole even when a
+    signal comes during the write. `step` is the step of the checkpoint on disk, or None."""
+
+    def __init__(self, out_dir, raw_model, optimizer, cfg, signals, master, step):
+        self.out_dir, self.model, self.optimizer, self.cfg = out_dir, raw_model, optimizer, cfg
+        self.signals, self.master, self.step = signals, master, step
+
+    def save(self, step):
+        if self.master and step != self.step:
+            with self.signals.hold():  # a signal now waits until the file is whole
+                save_checkpoint(self.out_dir, self.model, self.optimizer, step, self.cfg)
+                self.step = step
+
+
 def train(cfg, ckpt=None, signals=None):
     # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
     ddp = "RANK" in os.environ
@@ -492,67 +333,52 @@ def train(cfg, ckpt=None, signals=None):
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
+    # data, model, optimiser
     data = load_data(cfg)
-    if cfg["epochs"] > 0 and isinstance(data, ArithmeticData) and ckpt is None:
-        cfg["max_steps"] = math.ceil(cfg["epochs"] * len(data.train) / cfg["batch_size"])
+    if isinstance(data, ArithmeticData):  # the task has to fit the model
+        if len(data.vocab.itos) > cfg["vocab_size"]:
+            raise UsageError(f"--vocab-size={cfg['vocab_size']} is smaller than the task vocabulary "
+                             f"({len(data.vocab.itos)})")
+        if data.longest > cfg["block_size"] + 1:
+            raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg['block_size']}")
+        if cfg["epochs"] > 0 and ckpt is None:
+            cfg["max_steps"] = math.ceil(cfg["epochs"] * len(data.train) / cfg["batch_size"])
     torch.manual_seed(cfg["seed"])
-    model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
+    raw_model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
+    optimizer = torch.optim.AdamW(param_groups(raw_model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                                   eps=cfg["eps"], fused=device_type == "cuda")
-    start = 0
+    step = 0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
+        raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        start = ckpt["step"]
-    raw_model = model
+        step = ckpt["step"]
     compiled = cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda")
-    if compiled:
-        model = torch.compile(model)
+    model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
         model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
 
+    # the run's folder: written only now, once everything above has worked
     out_dir = Path(cfg["out_dir"])
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
         if ckpt is None:
             clear_run(out_dir)
         prepare_data.atomic_write(out_dir / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
-        log = Log(out_dir, start if ckpt is not None else None)
+        log = Log(out_dir, step if ckpt is not None else None)
     counts = raw_model.num_params()
     flops_per_token = raw_model.estimate_flops(cfg["block_size"])
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
     peak = peak_flops(device, dtype)
     say("config: " + json.dumps(cfg))
-    say(f"{'resuming at step ' + str(start) if start else 'training'} on {device} ({world} process(es), {dtype}, "
+    say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
+
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
-    saved_step = start if ckpt is not None else None  # the step of <out-dir>/ckpt.pt
-
-    def checkpoint(step):
-        nonlocal saved_step
-        if master and step != saved_step:
-            with signals.hold():  # a signal now waits: a checkpoint is never cut short
-                save_checkpoint(out_dir, raw_model, optimizer, step, cfg)
-                saved_step = step
-
-    def run_eval(step):
-        t = time.time()
-        metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
-        if master:
-            log.write(step=step, **metrics)
-            say(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f" ({time.time() - t:.1f}s)")
-        if not math.isfinite(metrics["val_loss"]):
-            raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
-        return metrics
-
-    def sync():
-        if device_type == "cuda":
-            torch.cuda.synchronize(device)
-
-    step, timed_steps, timed_seconds, metrics = start, 0, 0.0, {}
-    sync()
-    window_start, window_steps = time.time(), 0
+    checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None)
+    timed_steps, timed_seconds, metrics = 0, 0.0, {}
+    synchronize(device)
+    window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
         while step < last_step:
             for group in optimizer.param_groups:
@@ -574,11 +400,12 @@ def train(cfg, ckpt=None, signals=None):
                 step += 1
             optimizer.zero_grad(set_to_none=True)
             window_steps += 1
+
             if step % cfg["log_interval"] == 0 or step == last_step:
                 loss_value = loss_sum.item()  # waits for the device
                 if not math.isfinite(loss_value):
                     raise FloatingPointError(f"training loss is {loss_value} at step {step}")
-                sync()
+                synchronize(device)
                 dt = time.time() - window_start
                 timed_steps, timed_seconds = timed_steps + window_steps, timed_seconds + dt
                 ms = 1000 * dt / window_steps
@@ -590,26 +417,35 @@ def train(cfg, ckpt=None, signals=None):
                 if master:
                     log.write(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
                 window_start, window_steps = time.time(), 0
+
             if step % cfg["eval_interval"] == 0 or step == cfg["max_steps"]:
-                metrics = run_eval(step)
-                checkpoint(step)
-                sync()
+                t = time.time()
+                metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
+                if master:
+                    log.write(step=step, **metrics)
+                say(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+                    + f" ({time.time() - t:.1f}s)")
+                if not math.isfinite(metrics["val_loss"]):
+                    raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
+                checkpoints.save(step)
+                synchronize(device)
                 window_start, window_steps = time.time(), 0
     except KeyboardInterrupt as e:
         signals.stopping = True  # from here on a signal waits for the checkpoint below
         signum = getattr(e, "signum", signal.SIGINT)
         say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
-        checkpoint(step)
+        checkpoints.save(step)
         say(f"interrupted: checkpoint at step {step} in {out_dir}; continue with --resume")
         raise SystemExit(128 + signum)
     except FloatingPointError as e:
         if master:
-            kept = f"the checkpoint of step {saved_step} stays in {out_dir}" if saved_step is not None else \
-                "no checkpoint was written"
+            kept = "no checkpoint was written" if checkpoints.step is None else \
+                f"the checkpoint of step {checkpoints.step} stays in {out_dir}"
             print(f"train.py: error: {e}; stopping: {kept} (lower --lr?)", file=sys.stderr)
         raise SystemExit(1)
+
     if step != cfg["max_steps"]:
-        checkpoint(step)
+        checkpoints.save(step)
         say(f"stopped after step {step} (--stop-at); continue with --resume")
     elif master:
         peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
@@ -626,27 +462,20 @@ def train(cfg, ckpt=None, signals=None):
     return metrics
 
 
-def fail(message, code):
-    """One line on stderr. Exit codes, as in every script here: 2 for bad usage (argparse's),
-    1 for a failure at run time, 128 + the signal for an interruption."""
-    print(f"train.py: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv=None):
     try:
         cfg, ckpt = resolve_config(argv)
         with Signals() as signals:
             return train(cfg, ckpt, signals)
     except UsageError as e:
-        fail(f"error: {e}", 2)
+        fail("train.py", f"error: {e}", 2)
     except prepare_data.DataError as e:
-        fail(f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
+        fail("train.py", f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
              f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
              "(the offline --preset=tiny needs no download)", 1)
     except KeyboardInterrupt as e:  # outside the training loop, where there is nothing to save
         signum = getattr(e, "signum", signal.SIGINT)
-        fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+        fail("train.py", f"interrupted ({signal.Signals(signum).name})", 128 + signum)
 
 
 if __name__ == "__main__":

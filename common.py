@@ -1,0 +1,173 @@
+"""
+What the scripts share: one-line errors, the device, peak FLOPs for MFU, checkpoints, and
+the evaluation that train.py runs and sample.py repeats.
+
+The imports form two floors: lime.py (the model, with kernels.py) and prepare_data.py (the
+data) at the bottom, this file above them, and train.py, sample.py, bench.py and analyze.py
+side by side on top. No script imports another.
+"""
+
+import argparse
+import math
+import re
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import prepare_data
+from lime import GPT, GPTConfig
+
+MODEL_FIELDS = list(GPTConfig.__dataclass_fields__)
+
+
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit code 2, nothing written."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad input, not argparse's usage block
+        raise UsageError(message)
+
+
+def fail(script, message, code):
+    """One line on stderr, then exit. The codes, as in every script here: 2 for bad usage
+    (argparse's convention), 1 for a failure at run time, 128 + the signal for an interruption."""
+    print(f"{script}: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+@contextmanager
+def one_line_errors(script):
+    """Bad usage, a data problem or Ctrl-C inside ends the script with one line and its exit code."""
+    try:
+        yield
+    except UsageError as e:
+        fail(script, f"error: {e}", 2)
+    except prepare_data.DataError as e:
+        fail(script, f"error: {e}", 1)
+    except KeyboardInterrupt:
+        fail(script, "interrupted", 130)
+
+
+def pick_device(name):
+    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    m = re.fullmatch(r"cpu|mps|cuda(?::(\d+))?", name)
+    if m is None:
+        raise UsageError(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N, mps")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device={name}: " + ("this torch is a CPU-only build" if torch.version.cuda is None
+                                                   else "no CUDA device is visible"))
+    if m[1] and int(m[1]) >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: there are {torch.cuda.device_count()} CUDA devices, numbered from 0")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("--device=mps: MPS is not available on this machine")
+    return name
+
+
+def synchronize(device):
+    """Wait for the device, so that a timer read next sees finished work (a CPU never lags)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+# dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU
+PEAK_FLOPS = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12)]
+
+
+def peak_flops(device, dtype):
+    """Dense bf16 peak FLOP/s of a known CUDA device; None (no MFU shown) for anything else."""
+    if not device.startswith("cuda") or dtype != "bfloat16":
+        return None
+    return next((f for key, f in PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: the uncompiled model's state_dict with the run's whole config
+
+
+def save_checkpoint(out_dir, model, optimizer, step, cfg):
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step, config=cfg)
+    prepare_data.atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
+
+
+def read_checkpoint(out_dir):
+    """<out-dir>/ckpt.pt as a dict; a UsageError if it is missing or unreadable."""
+    path = Path(out_dir) / "ckpt.pt"
+    if not path.exists():
+        raise UsageError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+
+
+def load_checkpoint(out_dir, device):
+    """A run's config and its model, rebuilt from that config, in eval mode on `device`."""
+    ckpt = read_checkpoint(out_dir)
+    try:
+        model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in MODEL_FIELDS}))
+        model.load_state_dict(ckpt["model"])
+    except Exception as e:  # a file of the right format with the wrong contents
+        raise UsageError(f"cannot read {Path(out_dir) / 'ckpt.pt'}: {str(e).splitlines()[0]}") from None
+    return ckpt["config"], model.to(device).eval()
+
+
+# -----------------------------------------------------------------------------
+# Evaluation: the same fixed validation set for every run, so router modes compare exactly
+
+
+@torch.no_grad()
+def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world=1):
+    """Mean cross-entropy over the fixed validation set (summed over processes)."""
+    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of tokens)
+    for x, y in data.val_batches(micro_batch_size, rank, world):
+        x, y = x.to(device), y.to(device)
+        with autocast:
+            logits = model(x)[0]
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                                 reduction="sum")
+        total += torch.stack([loss.double(), (y != -1).sum().double()])
+    if world > 1:
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+@torch.no_grad()
+def arithmetic_accuracy(model, vocab, lines, device, batch_size=256, rank=0, world=1):
+    """Share of expressions whose greedy, open-ended solution ends in the right answer.
+    Prompts of equal length share a batch, so the KV cache needs no padding."""
+    by_length = {}
+    for i in range(rank, len(lines), world):
+        prompt, answer = prepare_data.split_sample(lines[i])
+        by_length.setdefault(len(prompt.split()), []).append((vocab.encode(prompt), answer))
+    correct = torch.zeros(2, device=device)  # (right answers, expressions)
+    for length, items in by_length.items():
+        for i in range(0, len(items), batch_size):
+            chunk = items[i: i + batch_size]
+            idx = torch.tensor([ids for ids, _ in chunk], device=device)
+            out = model.generate(idx, model.config.block_size - length, temperature=0, stop=vocab.eos)
+            for row, (_, answer) in zip(out[:, length:].tolist(), chunk):
+                correct[0] += prepare_data.final_answer(vocab.decode(row)) == answer
+            correct[1] += len(chunk)
+    if world > 1:
+        dist.all_reduce(correct)
+    return (correct[0] / correct[1].clamp(min=1)).item()
+
+
+def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
+    """Validation loss and perplexity, plus accuracy per operand count on the arithmetic task.
+    `model` may be compiled or wrapped; generation runs on the plain `raw_model`."""
+    model.eval()
+    loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
+    out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
+    if isinstance(data, prepare_data.ArithmeticData):
+        for n, lines in data.tests.items():
+            with autocast:
+                out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
+    model.train()
+    return out
