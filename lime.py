@@ -54,6 +54,9 @@ class GPTConfig:
 
     def __post_init__(self):
         parse_router(self.router)
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
         if self.n_head % self.n_kv_head:
@@ -338,6 +341,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None):
         """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
         With `stop` (a token id), ends early once every row has produced it."""
+        if not temperature >= 0:
+            raise ValueError(f"temperature={temperature}: 0 (greedy) or more")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k={top_k}: keep at least one token (top_k >= 1), or None for no cut")
         if idx.shape[1] + max_new_tokens > self.config.block_size:

@@ -110,6 +110,8 @@ def test_generate_sampling_and_length_check():
         model.generate(tokens(T=30), 5)
     with pytest.raises(ValueError, match="top_k=0"):
         model.generate(tokens(T=4), 2, top_k=0)
+    with pytest.raises(ValueError, match="temperature=-1"):
+        model.generate(tokens(T=4), 2, temperature=-1)
 
 
 @pytest.mark.parametrize("mode", LEARNED)
@@ -349,6 +351,9 @@ def test_bad_shapes():
         GPTConfig(n_kv_head=5)
     with pytest.raises(ValueError, match="n_embd=100"):
         GPTConfig(n_embd=100)
+    for field in ("n_layer", "n_head", "n_kv_head", "n_embd"):
+        with pytest.raises(ValueError, match=f"{field}=0 must be at least 1"):
+            GPTConfig(**{field: 0})
 
 
 def test_150m_parameter_count_and_flops():

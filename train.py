@@ -85,7 +85,6 @@ PRESETS = {
                  vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
                  min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
 }
-TRAIN_FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
 POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
             "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
