@@ -1,6 +1,6 @@
 """
-What the scripts share: one-line errors, the device, peak FLOPs for MFU, checkpoints, and
-the evaluation that train.py runs and sample.py repeats.
+What the scripts share: one-line errors, the device, peak FLOPs for MFU, checkpoints, top-p
+pruning of router weights, and the evaluation that train.py runs and sample.py repeats.
 
 The imports form two floors: lime.py (the model, with kernels.py) and prepare_data.py (the
 data) at the bottom, this file above them, and train.py, sample.py, bench.py and analyze.py
@@ -11,16 +11,18 @@ import argparse
 import math
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import prepare_data
-from lime import GPT, GPTConfig
+from lime import GPT, GPTConfig, parse_router
 
 MODEL_FIELDS = list(GPTConfig.__dataclass_fields__)
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+PRUNABLE = ("lime", "last", "first")  # router modes with learned static weights: what top-p pruning applies to
 
 
 class UsageError(ValueError):
@@ -69,6 +71,11 @@ def pick_device(name):
     return name
 
 
+def autocast_for(device):
+    """bf16 autocast on CUDA, as training there uses; full precision anywhere else."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+
+
 def synchronize(device):
     """Wait for the device, so that a timer read next sees finished work (a CPU never lags)."""
     if device.startswith("cuda"):
@@ -87,12 +94,25 @@ def peak_flops(device, dtype):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: the uncompiled model's state_dict with the run's whole config
+# Checkpoints: the uncompiled model's state_dict with the run's whole config, and the
+# router mask of a pruned model (None if unpruned)
 
 
-def save_checkpoint(out_dir, model, optimizer, step, cfg):
-    ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step, config=cfg)
+def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
+    optimizer = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask)
     prepare_data.atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
+
+
+def run_files(out_dir):
+    """The files in out_dir that make it hold a run (empty if none)."""
+    return [name for name in RUN_FILES if (Path(out_dir) / name).exists()]
+
+
+def clear_run(out_dir):
+    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
+    for name in (*RUN_FILES, "config.json", "prune.json", "routes.png", "entropy.png", "probe.png", "prune.png"):
+        (Path(out_dir) / name).unlink(missing_ok=True)
 
 
 def read_checkpoint(out_dir):
@@ -106,15 +126,88 @@ def read_checkpoint(out_dir):
         raise UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
 
 
-def load_checkpoint(out_dir, device):
-    """A run's config and its model, rebuilt from that config, in eval mode on `device`."""
-    ckpt = read_checkpoint(out_dir)
+def model_from(ckpt, out_dir):
+    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU."""
     try:
         model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in MODEL_FIELDS}))
         model.load_state_dict(ckpt["model"])
     except Exception as e:  # a file of the right format with the wrong contents
         raise UsageError(f"cannot read {Path(out_dir) / 'ckpt.pt'}: {str(e).splitlines()[0]}") from None
-    return ckpt["config"], model.to(device).eval()
+    return model
+
+
+def load_checkpoint(out_dir, device):
+    """A run's config and its model, rebuilt from that config, in eval mode on `device`."""
+    ckpt = read_checkpoint(out_dir)
+    return ckpt["config"], model_from(ckpt, out_dir).to(device).eval()
+
+
+# -----------------------------------------------------------------------------
+# Top-p pruning of router weights (the paper's first version, its Table 5)
+
+
+def top_p_mask(weight, p):
+    """What top-p pruning keeps of one router: a bool mask of weight's shape, True = kept.
+    weight (n_kv, n_src, n_kv): target head, source layer, source head.
+
+    The paper does not publish its algorithm; this is our reading of it. For each target head
+    h, the |weight[h]| over all its (source layer, source head) pairs are divided by their sum,
+    and the smallest set of them whose share reaches p is kept: sorted from the largest down, a
+    weight is kept while the share of the weights before it is below p, so the one that crosses
+    p is kept too. A sum within 1e-9 of p counts as reaching it, so that rounding does not decide
+    (.4 + .3 + .2 comes out just under .9 in floating point). Equal weights keep their order (a
+    stable sort): the mask depends on the weights alone. Every target head keeps its largest weight.
+    """
+    share = weight.detach().abs().double().flatten(1)  # (n_kv, n_src * n_kv): each target head's sources
+    share = share / share.sum(1, keepdim=True).clamp(min=1e-300)
+    order = share.argsort(dim=1, descending=True, stable=True)
+    ranked = share.gather(1, order)
+    keep_ranked = ranked.cumsum(1) - ranked < p - 1e-9  # the share of the larger weights, before each one
+    keep_ranked[:, 0] = True  # however small p is
+    return torch.zeros_like(keep_ranked).scatter(1, order, keep_ranked).view(weight.shape)
+
+
+def prunable_weights(model):
+    """{parameter name: weight} of the routers top-p pruning applies to: the learned static ones
+    (lime, last-J, first-J; layer 0's fixed identity is no parameter). A UsageError otherwise."""
+    mode = parse_router(model.config.router)[0]
+    if mode not in PRUNABLE:
+        raise UsageError(f"top-p pruning needs a learned static router (lime, last-J or first-J), "
+                         f"not router={model.config.router!r}")
+    return {name: p for name, p in model.named_parameters() if name.endswith("router.weight")}
+
+
+@torch.no_grad()
+def prune_routers(model, p, mask=None):
+    """Zero the router weights that top-p pruning drops; returns the mask {parameter name: bool
+    tensor, True = kept}. With an earlier `mask`, what it dropped stays dropped."""
+    new = {}
+    for name, w in prunable_weights(model).items():
+        new[name] = top_p_mask(w, p) & (mask[name].to(w.device) if mask else True)
+        w.mul_(new[name])
+    return new
+
+
+@torch.no_grad()
+def mask_routers(model, mask, optimizer=None):
+    """Pruned router weights back to exactly zero, with their gradients and, given the optimizer,
+    their AdamW moments: with no gradient and no momentum, an update leaves them at zero."""
+    params = dict(model.named_parameters())
+    for name, keep in mask.items():
+        p = params[name]
+        keep = keep.to(p.device)
+        for t in [p, p.grad, *(optimizer.state.get(p, {}).values() if optimizer is not None else ())]:
+            if torch.is_tensor(t) and t.shape == p.shape:  # not a missing gradient, nor AdamW's step count
+                t.mul_(keep)
+
+
+def pruned_counts(mask):
+    """{layer: (pruned, total)} over the masked router weights, in layer order."""
+    counts = {}
+    for name, keep in mask.items():
+        layer = int(re.search(r"\.h\.(\d+)\.", name)[1])
+        counts[layer] = (int((~keep).sum()), keep.numel())
+    return dict(sorted(counts.items()))
 
 
 # -----------------------------------------------------------------------------

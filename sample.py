@@ -15,13 +15,13 @@ vocabulary. Generation uses the KV cache.
 import argparse
 import random
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 import prepare_data
-from common import Parser, UsageError, evaluate, load_checkpoint, one_line_errors, pick_device, synchronize
+from common import (Parser, UsageError, autocast_for, evaluate, load_checkpoint, one_line_errors, pick_device,
+                    synchronize)
 
 
 class Codec:
@@ -121,7 +121,7 @@ def main(argv=None):
         device = pick_device(args.device)
         cfg, model = load_checkpoint(args.out_dir, device)
         cfg["data_dir"] = args.data_dir or cfg["data_dir"]
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+        autocast = autocast_for(device)
         if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
             metrics = evaluate(model, model, prepare_data.load_data(cfg, with_train=False), cfg, device, autocast)
             print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -1085,6 +1085,12 @@ BAD_INPUTS = [
      "--show must be >= 0, got -1"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
+    ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
+    ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
+    ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
+    ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
+    ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
+    ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
 ]
 
 
@@ -1207,3 +1213,95 @@ def test_ablation_table_with_a_zero_reference(tmp_path):
         (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
     table = analyze.main(["table", *map(str, dirs)])
     assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table
+
+
+# ---- pruning, fine-tuning, ProsQA -----------------------------------------------------
+
+
+def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
+    # two target heads, each reading 2 source layers x 2 source heads; shares of |weight| in tenths
+    w = torch.tensor([[[4.0, -3.0], [2.0, 1.0]],  # .4 .3 .2 .1: .4 + .3 < .9, so the .2 crosses p; the .1 goes
+                      [[-8.0, 1.0], [0.5, 0.5]]])  # .8 .1 .05 .05: .8 + .1 reaches .9; both .05 go
+    assert common.top_p_mask(w, 0.9).tolist() == [[[True, True], [True, False]], [[True, True], [False, False]]]
+    assert common.top_p_mask(w, 0.1).sum(dim=(1, 2)).tolist() == [1, 1]  # the largest always stays
+    ties = common.top_p_mask(torch.ones(1, 2, 2), 0.5)
+    assert ties.flatten().tolist() == [True, True, False, False]  # equal weights: kept in order
+    # in a model: the hand counts per layer, and only the dropped weights change (to zero)
+    model = small_model("lime", n_layer=3)
+    with torch.no_grad():
+        model.routers[1].weight.copy_(w)
+        model.routers[2].weight.copy_(torch.tensor([10.0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]).view(2, 3, 2))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    mask = common.prune_routers(model, 0.9)
+    # layer 2, head 0: 10 is everything; head 1: shares 1..6 / 21, and 6 + 5 + 4 + 3 = 18 < 0.9 * 21 <= 20
+    assert common.pruned_counts(mask) == {1: (3, 8), 2: (5 + 1, 12)}
+    for name, p in model.named_parameters():
+        expected = before[name] * mask[name] if name in mask else before[name]
+        assert torch.equal(p, expected), name
+    with pytest.raises(common.UsageError, match="needs a learned static router"):
+        common.prune_routers(small_model("dynamic"), 0.9)
+
+
+@pytest.mark.parametrize("mode", ["lime", "first-2"])
+def test_pruned_model_equals_the_dense_routing_with_its_zeros(mode):
+    model, idx = small_model(mode), tokens()
+    unpruned = model(idx)[0]
+    mask = common.prune_routers(model, 0.6)
+    assert sum(p for p, _ in common.pruned_counts(mask).values()) > 0
+    for layer, R in enumerate(model.routing_weights()):  # the dense (n_kv, l + 1, n_kv) weights hold the zeros
+        name = f"transformer.h.{layer}.attn.router.weight"
+        if name in mask:
+            sources = model.routers[layer].sources
+            assert torch.equal(R[:, sources] != 0, mask[name])
+    fast = model(idx)[0]  # kernels.route, pushing each layer's K/V to its readers
+    model.reference_routing = True  # route_reference: the einsum over every source, zeros included
+    torch.testing.assert_close(fast, model(idx)[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(fast, unpruned, atol=1e-4)  # the zeros do change what the model computes
+
+
+def router_state(ckpt, name):
+    """The AdamW moments of one router weight in a saved checkpoint (the optimiser keys them by position)."""
+    model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in common.MODEL_FIELDS}))
+    params = [n for g in train.param_groups(model, ckpt["config"]) for n, p in model.named_parameters()
+              if any(p is q for q in g["params"])]
+    return ckpt["optimizer"]["state"][params.index(name)]
+
+
+def test_pruning_during_training_survives_resume(arith_dir, tmp_path):
+    prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(arith_dir, whole, *prune))
+    train.main(tiny_args(arith_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
+    assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
+    train.main(tiny_args(arith_dir, parts, *prune, "--resume"))
+    assert_same_run(parts, whole)
+    ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
+    name = "transformer.h.1.attn.router.weight"
+    keep = ckpt["router_mask"][name]
+    assert 0 < (~keep).sum() < keep.numel()
+    assert torch.all(ckpt["model"][name][~keep] == 0) and torch.all(ckpt["model"][name][keep] != 0)
+    state = router_state(ckpt, name)  # no gradient and no momentum reach a pruned weight
+    assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
+    assert json.loads((parts / "summary.json").read_text())["router_pruned"] == int((~keep).sum())
+    assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
+
+
+def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
+    new, name = tmp_path / "pruned", "transformer.h.1.attn.router.weight"
+    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "0.7", "--save", str(new)])
+    ckpt = torch.load(new / "ckpt.pt", weights_only=True)
+    keep = ckpt["router_mask"][name]
+    assert report["pruned"] == int((~keep).sum()) > 0 and report["weights"] == 8
+    assert torch.all(ckpt["model"][name][~keep] == 0) and ckpt["config"]["out_dir"] == str(new)
+    assert torch.isnan(report["survival"][0]).all()  # layer 0's router is a fixed identity
+    assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
+    out = capsys.readouterr().out
+    assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
+    summary = json.loads((arith_run / "summary.json").read_text())
+    assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
+    # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
+    assert common.load_checkpoint(new, "cpu")[1].routers[1].weight.count_nonzero() == keep.sum()
+    assert len(sample.main(["--out-dir", str(new), "--num-samples", "1", "--max-new-tokens", "2"])) == 1
+    before = snapshot(new)
+    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
+    assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before

@@ -3,6 +3,7 @@ Trains a LIMe model (or an ablation of its router) on one CPU, one GPU, or sever
 
     python train.py --preset=tiny --router=lime        # offline quick start, a few CPU minutes
     python train.py --router=first-4                   # the 150M router ablation on one GPU
+    python train.py --router-top-p=0.9 --prune-at=1000 # top-p pruning of the routers at step 1000, kept after it
     torchrun --standalone --nproc_per_node=8 train.py --preset=1b --router=lime
 
 A preset names a full set of defaults; every flag overrides one of them. The resolved
@@ -31,9 +32,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from common import (MODEL_FIELDS, Parser, UsageError, evaluate, fail, peak_flops, pick_device, read_checkpoint,
-                    save_checkpoint, synchronize)
-from lime import GPT, GPTConfig
+from common import (MODEL_FIELDS, PRUNABLE, Parser, UsageError, clear_run, evaluate, fail, mask_routers,
+                    peak_flops, pick_device, prune_routers, pruned_counts, read_checkpoint, run_files, save_checkpoint,
+                    synchronize)
+from lime import GPT, GPTConfig, parse_router
 from prepare_data import ArithmeticData, batch_rng, load_data
 
 
@@ -58,6 +60,8 @@ class TrainConfig:
     beta2: float = 0.95  # AdamW beta2
     eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # clip the global gradient norm to this (0: off)
+    router_top_p: float = 0.0  # if > 0, prune the router weights once to this top-p, at step --prune-at (0: off)
+    prune_at: int = 0  # with --router-top-p: the step at which to prune; pruned weights stay zero after it
     eval_interval: int = 500  # evaluate and save a checkpoint every this many steps
     eval_tokens: int = 2_097_152  # language data: validation tokens (fixed windows from the start of val)
     eval_samples: int = 1000  # arithmetic: test expressions per operand count for accuracy
@@ -90,8 +94,8 @@ SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # 
 POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
             "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
             "eval_samples", "log_interval"]
-NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
-RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip",
+                "router_top_p", "prune_at"]
 
 
 def flag(key):
@@ -136,13 +140,14 @@ def resolve_config(argv):
     preset = given.get("preset", TrainConfig.preset)
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
-    cfg = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig()), **PRESETS[preset], **given}
+    defaults = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig())}
+    cfg = {**defaults, **PRESETS[preset], **given}
     cfg["preset"] = preset
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
     problem = prepare_data.folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
-    found = [name for name in RUN_FILES if (Path(cfg["out_dir"]) / name).exists()]
+    found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite:
         raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
                          "or start over with --overwrite")
@@ -153,7 +158,7 @@ def resolve_config(argv):
             ckpt = read_checkpoint(cfg["out_dir"])
         except UsageError as e:
             raise UsageError(f"--resume: {e}") from None
-        saved = ckpt["config"]
+        saved = {**defaults, **ckpt["config"]}  # a run from before a field existed had its default
         clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items()
                  if k in saved and k not in SESSION_FIELDS and k != "max_steps" and v != saved[k]]
         if clash:
@@ -165,6 +170,8 @@ def resolve_config(argv):
         if 0 < cfg["stop_at"] <= ckpt["step"]:
             raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
     cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
+    if "prune_at" in given and not cfg["router_top_p"] > 0:
+        raise UsageError("--prune-at says when to prune: give --router-top-p too")
     check_config(cfg)
     return cfg, ckpt
 
@@ -180,6 +187,8 @@ def check_config(cfg):
     for key in ("beta1", "beta2"):
         if not 0 <= cfg[key] < 1:
             raise UsageError(f"{flag(key)} must be in [0, 1), got {cfg[key]}")
+    if not cfg["router_top_p"] <= 1:
+        raise UsageError(f"--router-top-p must be in (0, 1] (0: no pruning), got {cfg['router_top_p']}")
     try:
         GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})
     except ValueError as e:
@@ -193,6 +202,9 @@ def check_config(cfg):
     if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
         raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
                          f"{cfg['micro_batch_size']} x {world} processes")
+    if cfg["router_top_p"] > 0 and parse_router(cfg["router"])[0] not in PRUNABLE:
+        raise UsageError(f"--router-top-p prunes learned static routers (lime, last-J, first-J), not "
+                         f"--router={cfg['router']}")
     pick_device(cfg["device"])
 
 
@@ -224,12 +236,6 @@ def learning_rate(step, cfg):
 
 # -----------------------------------------------------------------------------
 # Checkpoints and logs
-
-
-def clear_run(out_dir):
-    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
-    for name in (*RUN_FILES, "config.json", "routes.png", "entropy.png", "probe.png"):
-        (Path(out_dir) / name).unlink(missing_ok=True)
 
 
 class Log:
@@ -300,16 +306,18 @@ class Signals:
 
 class Checkpoints:
     """<out-dir>/ckpt.pt, written by rank 0 only, at most once per step, and whole even when a
-    signal comes during the write. `step` is the step of the checkpoint on disk, or None."""
+    signal comes during the write. `step` is the step of the checkpoint on disk, or None.
+    `router_mask` is the pruning mask (None until the routers are pruned), saved with the weights
+    so that a resumed run keeps exactly the same weights at zero."""
 
-    def __init__(self, out_dir, raw_model, optimizer, cfg, signals, master, step):
+    def __init__(self, out_dir, raw_model, optimizer, cfg, signals, master, step, router_mask):
         self.out_dir, self.model, self.optimizer, self.cfg = out_dir, raw_model, optimizer, cfg
-        self.signals, self.master, self.step = signals, master, step
+        self.signals, self.master, self.step, self.router_mask = signals, master, step, router_mask
 
     def save(self, step):
         if self.master and step != self.step:
             with self.signals.hold():  # a signal now waits until the file is whole
-                save_checkpoint(self.out_dir, self.model, self.optimizer, step, self.cfg)
+                save_checkpoint(self.out_dir, self.model, self.optimizer, step, self.cfg, self.router_mask)
                 self.step = step
 
 
@@ -347,11 +355,16 @@ def train(cfg, ckpt=None, signals=None):
     raw_model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                                   eps=cfg["eps"], fused=device_type == "cuda")
-    step = 0
+    step, mask = 0, None
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
+        step, mask = ckpt["step"], ckpt.get("router_mask")
+    if mask is not None:  # a pruned model stays pruned
+        mask = {name: keep.to(device) for name, keep in mask.items()}
+        mask_routers(raw_model, mask, optimizer)
+    if cfg["router_top_p"] > 0 and cfg["prune_at"] >= cfg["max_steps"]:
+        raise UsageError(f"--prune-at={cfg['prune_at']} is not before the last step (max_steps={cfg['max_steps']})")
     compiled = cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda")
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
@@ -375,12 +388,22 @@ def train(cfg, ckpt=None, signals=None):
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
 
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
-    checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None)
+    checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None,
+                              mask)
     timed_steps, timed_seconds, metrics = 0, 0.0, {}
     synchronize(device)
     window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
         while step < last_step:
+            if cfg["router_top_p"] > 0 and step == cfg["prune_at"]:
+                with signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
+                    mask = checkpoints.router_mask = prune_routers(raw_model, cfg["router_top_p"], mask)
+                    mask_routers(raw_model, mask, optimizer)
+                pruned, total = map(sum, zip(*pruned_counts(mask).values()))
+                say(f"step {step}: top-p {cfg['router_top_p']} pruning zeroed {pruned:,} of {total:,} router weights "
+                    f"({100 * pruned / total:.1f}%); they stay zero from here on")
+                if master:
+                    log.write(step=step, router_pruned=pruned, router_weights=total)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
             loss_sum = torch.zeros((), device=device)
@@ -393,10 +416,14 @@ def train(cfg, ckpt=None, signals=None):
                         loss = model(x, y)[1] / accum
                     loss.backward()
                 loss_sum += loss.detach()
+            if mask is not None:  # no gradient for a pruned weight, so it counts for nothing in the clipping either
+                mask_routers(raw_model, mask)
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             with signals.hold():  # all of an update or none of it, so a checkpoint matches its step
                 optimizer.step()
+                if mask is not None:  # exactly zero, whatever the optimiser did
+                    mask_routers(raw_model, mask)
                 step += 1
             optimizer.zero_grad(set_to_none=True)
             window_steps += 1
@@ -452,6 +479,7 @@ def train(cfg, ckpt=None, signals=None):
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], parameters=counts,
                        steps=step, tokens_seen=step * tokens_per_step, **metrics,
+                       router_pruned=None if mask is None else sum(p for p, _ in pruned_counts(mask).values()),
                        tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
                        peak_memory_bytes=peak_mem, device=device, world_size=world)
         prepare_data.atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
