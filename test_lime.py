@@ -433,7 +433,8 @@ class FileServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # a short poll: close() waits for the loop to see the shutdown, half a second per test by default
+        threading.Thread(target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.01), daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
