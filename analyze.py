@@ -100,9 +100,9 @@ def cmd_routes(args):
 
 
 def sequences(cfg, n, seq_len):
-    """The first n validation sequences: fixed windows for language, unpadded test rows for the task."""
+    """The first n validation sequences: fixed windows for language, unpadded rows for a task."""
     data = prepare_data.load_data(cfg, with_train=False)
-    if isinstance(data, prepare_data.ArithmeticData):
+    if isinstance(data, prepare_data.TaskRows):
         return [torch.tensor(ids[:-1]) for ids, _ in data.val[:n]]
     return [x[:seq_len] for x in data.val_x[:n]]
 
@@ -236,9 +236,10 @@ def relative_change(value, base):
 
 
 def ablation_table(summaries):
-    """Markdown: router, the metric, and its change relative to the `lime` run."""
-    task = all("acc_6" in s for s in summaries)
-    metrics = ["acc_4", "acc_5", "acc_6"] if task else ["val_ppl"]
+    """Markdown: router, the metric, and its change relative to the `lime` run. The metric: accuracy on
+    a task (per operand count on arithmetic, acc on ProsQA), perplexity on language."""
+    metrics = next((m for m in (["acc_4", "acc_5", "acc_6"], ["acc"]) if all(k in s for s in summaries for k in m)),
+                   ["val_ppl"])
     base = next((s for s in summaries if s["router"] == "lime"), None)
     head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
     if base:

@@ -231,30 +231,47 @@ def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world
 
 
 @torch.no_grad()
-def arithmetic_accuracy(model, vocab, lines, device, batch_size=256, rank=0, world=1):
-    """Share of expressions whose greedy, open-ended solution ends in the right answer.
-    Prompts of equal length share a batch, so the KV cache needs no padding."""
+def greedy_accuracy(model, items, judge, stop, max_new_tokens, device, batch_size=256, rank=0, world=1):
+    """Share of items (prompt ids, reference) for which judge(generated ids, reference) holds. The
+    generation is greedy and open-ended: it ends at the `stop` token (cut off before judging) or after
+    max_new_tokens. Prompts of equal length share a batch, so the KV cache needs no padding."""
     by_length = {}
-    for i in range(rank, len(lines), world):
-        prompt, answer = prepare_data.split_sample(lines[i])
-        by_length.setdefault(len(prompt.split()), []).append((vocab.encode(prompt), answer))
-    correct = torch.zeros(2, device=device)  # (right answers, expressions)
-    for length, items in by_length.items():
-        for i in range(0, len(items), batch_size):
-            chunk = items[i: i + batch_size]
-            idx = torch.tensor([ids for ids, _ in chunk], device=device)
-            out = model.generate(idx, model.config.block_size - length, temperature=0, stop=vocab.eos)
-            for row, (_, answer) in zip(out[:, length:].tolist(), chunk):
-                correct[0] += prepare_data.final_answer(vocab.decode(row)) == answer
+    for prompt, reference in items[rank::world]:
+        by_length.setdefault(len(prompt), []).append((prompt, reference))
+    correct = torch.zeros(2, device=device)  # (right answers, items)
+    for length, group in by_length.items():
+        n_new = min(max_new_tokens, model.config.block_size - length)
+        for i in range(0, len(group), batch_size):
+            chunk = group[i: i + batch_size]
+            idx = torch.tensor([ids for ids, _ in chunk], device=device)  # (len(chunk), length)
+            out = model.generate(idx, n_new, temperature=0, stop=stop)
+            for row, (_, reference) in zip(out[:, length:].tolist(), chunk):
+                correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
             correct[1] += len(chunk)
     if world > 1:
         dist.all_reduce(correct)
     return (correct[0] / correct[1].clamp(min=1)).item()
 
 
+def arithmetic_accuracy(model, vocab, lines, device, rank=0, world=1):
+    """Share of expressions whose greedy, open-ended solution ends in the right answer."""
+    items = [(vocab.encode(prompt), answer) for prompt, answer in map(prepare_data.split_sample, lines)]
+    return greedy_accuracy(model, items, lambda ids, answer: prepare_data.final_answer(vocab.decode(ids)) == answer,
+                           vocab.eos, model.config.block_size, device, rank=rank, world=world)
+
+
+def prosqa_accuracy(model, data, device, rank=0, world=1):
+    """Share of test questions whose greedy completion ends in the right answer (prepare_data.prosqa_correct)."""
+    enc = prepare_data.gpt2_encoding()
+    return greedy_accuracy(model, data.tests,
+                           lambda ids, answer: prepare_data.prosqa_correct(prepare_data.decode_tokens(enc, ids), answer),
+                           data.pad, data.max_new_tokens, device, rank=rank, world=world)
+
+
 def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
-    """Validation loss and perplexity, plus accuracy per operand count on the arithmetic task.
-    `model` may be compiled or wrapped; generation runs on the plain `raw_model`."""
+    """Validation loss and perplexity, plus accuracy: per operand count on the arithmetic task
+    (acc_4, acc_5, acc_6), on the test questions of ProsQA (acc). `model` may be compiled or
+    wrapped; generation runs on the plain `raw_model`."""
     model.eval()
     loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
     out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
@@ -262,5 +279,8 @@ def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
         for n, lines in data.tests.items():
             with autocast:
                 out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
+    if isinstance(data, prepare_data.ProsQAData):
+        with autocast:
+            out["acc"] = prosqa_accuracy(raw_model, data, device, rank=rank, world=world)
     model.train()
     return out
