@@ -5,6 +5,7 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
     python analyze.py entropy --out-dir out/150m-lime out/150m-none   # value entropy per layer (Figure 2a)
     python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figure 2b)
     python analyze.py table   out/150m-*                               # the ablation table (Table 7)
+    python analyze.py prune   --out-dir out/deep-lime --top-p 0.9      # top-p pruning of the routers (v1, Table 5)
 
 Each command prints a table; with matplotlib installed it also saves a PNG next to the
 (first) checkpoint. "Values" are what each layer's attention reads: the routed values
@@ -18,7 +19,9 @@ from pathlib import Path
 import torch
 
 import prepare_data
-from common import Parser, UsageError, load_checkpoint, one_line_errors
+from common import (Parser, UsageError, autocast_for, clear_run, evaluate, load_checkpoint, model_from, one_line_errors,
+                    pick_device, prunable_weights, prune_routers, pruned_counts, read_checkpoint, run_files,
+                    save_checkpoint)
 from lime import route_reference
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
@@ -74,14 +77,19 @@ def route_map(model):
     return M
 
 
+def print_layer_map(M):
+    """An (L, L) map of shares as whole percentages, row = layer, column = source layer; NaN shows as '.'."""
+    print("      " + "".join(f"{j:>4}" for j in range(len(M))))
+    for l, row in enumerate(M.tolist()):
+        print(f"{l:>4}: " + "".join("   ." if v != v else f"{100 * v:4.0f}" for v in row))
+
+
 def cmd_routes(args):
     cfg, model = load(args.out_dir[0], args)
     M = route_map(model)
-    print(f"router {cfg['router']}: row = layer, column = source layer, % of mean |weight|")
-    print("      " + "".join(f"{j:>4}" for j in range(len(M))))
-    for l, row in enumerate(M):
-        print(f"{l:>4}: " + "".join(f"{100 * v:4.0f}" if j <= l else "   ." for j, v in enumerate(row.tolist())))
     image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
+    print(f"router {cfg['router']}: row = layer, column = source layer, % of mean |weight|")
+    print_layer_map(image)
     save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
               f"routing weights ({cfg['router']})", image=image.numpy())
     return M
@@ -92,9 +100,9 @@ def cmd_routes(args):
 
 
 def sequences(cfg, n, seq_len):
-    """The first n validation sequences: fixed windows for language, unpadded test rows for the task."""
+    """The first n validation sequences: fixed windows for language, unpadded rows for a task."""
     data = prepare_data.load_data(cfg, with_train=False)
-    if isinstance(data, prepare_data.ArithmeticData):
+    if isinstance(data, prepare_data.TaskRows):
         return [torch.tensor(ids[:-1]) for ids, _ in data.val[:n]]
     return [x[:seq_len] for x in data.val_x[:n]]
 
@@ -228,9 +236,10 @@ def relative_change(value, base):
 
 
 def ablation_table(summaries):
-    """Markdown: router, the metric, and its change relative to the `lime` run."""
-    task = all("acc_6" in s for s in summaries)
-    metrics = ["acc_4", "acc_5", "acc_6"] if task else ["val_ppl"]
+    """Markdown: router, the metric, and its change relative to the `lime` run. The metric: accuracy on
+    a task (per operand count on arithmetic, acc on ProsQA), perplexity on language."""
+    metrics = next((m for m in (["acc_4", "acc_5", "acc_6"], ["acc"]) if all(k in s for s in summaries for k in m)),
+                   ["val_ppl"])
     base = next((s for s in summaries if s["router"] == "lime"), None)
     head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
     if base:
@@ -256,6 +265,74 @@ def cmd_table(args):
     return table
 
 
+# -----------------------------------------------------------------------------
+# prune: top-p pruning of the routers (the paper's first version, Table 5)
+
+
+def survival_map(model, mask):
+    """(L, L): cell (l, j) = the share of layer l's router weights from source layer j that pruning
+    kept; NaN where layer l has no learned weight from layer j (a later layer, one outside its window,
+    or any at layer 0, whose router is a fixed identity)."""
+    L = model.config.n_layer
+    M = torch.full((L, L), float("nan"))
+    for name, keep in mask.items():  # keep (n_kv, n_src, n_kv)
+        router = model.get_submodule(name.removesuffix(".weight"))
+        for i, j in enumerate(router.sources):
+            M[router.layer, j] = keep[:, i].float().mean().item()
+    return M
+
+
+def cmd_prune(args):
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    save = args.save and Path(args.save)
+    if save:  # everything that can refuse the command, before any work
+        if save.resolve() == Path(args.out_dir).resolve():
+            raise UsageError("--save names the run being pruned: give a new folder")
+        problem = prepare_data.folder_problem(save)
+        if problem:
+            raise UsageError(f"--save={save}: {problem}")
+        if run_files(save) and not args.overwrite:
+            raise UsageError(f"--save={save} already holds a run ({', '.join(run_files(save))}): "
+                             "give another folder, or --overwrite to replace it")
+    device = pick_device(args.device)
+    ckpt = read_checkpoint(args.out_dir)
+    cfg, model = ckpt["config"], model_from(ckpt, args.out_dir).to(device).eval()
+    cfg["data_dir"] = args.data_dir or cfg["data_dir"]
+    prunable_weights(model)  # a router with nothing to prune is refused before the evaluation
+    data, autocast = prepare_data.load_data(cfg, with_train=False), autocast_for(device)
+    before = evaluate(model, model, data, cfg, device, autocast)
+    mask = prune_routers(model, args.top_p, ckpt.get("router_mask"))
+    after = evaluate(model, model, data, cfg, device, autocast)
+
+    counts = pruned_counts(mask)
+    pruned, total = map(sum, zip(*counts.values()))
+    print(f"top-p {args.top_p} pruning of the {cfg['router']} routers in {args.out_dir}: pruned weights per layer")
+    for layer, (n, of) in counts.items():
+        print(f"layer {layer:>3}: {n:>8,} of {of:>8,} ({100 * n / of:5.1f}%)")
+    print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
+    print(f"{'metric':<10} {'unpruned':>10} {'pruned':>10}")
+    for key in before:
+        print(f"{key:<10} {before[key]:>10.4f} {after[key]:>10.4f}")
+    M = survival_map(model, mask)
+    print("kept, % of the router weights: row = layer, column = source layer ('.': no learned weight)")
+    print_layer_map(M)
+    save_plot(Path(args.out_dir) / "prune.png", {}, "source layer", "layer",
+              f"router weights kept at top-p {args.top_p}", image=M.numpy())
+    report = dict(source=str(args.out_dir), top_p=args.top_p, pruned=pruned, weights=total,
+                  per_layer={layer: dict(pruned=n, weights=of) for layer, (n, of) in counts.items()},
+                  unpruned_metrics=before, pruned_metrics=after)
+    if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
+        save.mkdir(parents=True, exist_ok=True)
+        clear_run(save)
+        cfg = {**cfg, "out_dir": str(save)}
+        prepare_data.atomic_write(save / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
+        prepare_data.atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+        save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], cfg, mask)
+        print(f"saved the pruned checkpoint in {save}")
+    return dict(report, survival=M)
+
+
 def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)  # subcommands share Parser's one-line errors
@@ -271,10 +348,21 @@ def main(argv=None):
         s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", help="run folders")
+    s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
+    s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
+    s.add_argument("--top-p", type=float, default=0.9,
+                   help="per target head, keep the smallest set of weights holding this share of its |weight|, "
+                        "in (0, 1] (the paper's first version: 0.9)")
+    s.add_argument("--save", metavar="NEWDIR", help="write the pruned checkpoint there (a new folder), for "
+                                                    "sample.py or for train.py --init-from / --resume")
+    s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
+    s.add_argument("--device", default="auto", help="where to evaluate: auto (cuda, then mps, then cpu), cpu, "
+                                                    "cuda, cuda:N or mps")
+    s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
     with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
-        if args.command == "table":
-            return cmd_table(args)
+        if args.command in ("table", "prune"):
+            return cmd_table(args) if args.command == "table" else cmd_prune(args)
         for bad, message in ((args.num_seqs < 1, f"--num-seqs must be positive, got {args.num_seqs}"),
                              (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
                              (not args.alpha > 0, f"--alpha must be > 0, got {args.alpha}")):

@@ -1,6 +1,6 @@
 """
-What the scripts share: one-line errors, the device, peak FLOPs for MFU, checkpoints, and
-the evaluation that train.py runs and sample.py repeats.
+What the scripts share: one-line errors, the device, peak FLOPs for MFU, checkpoints, top-p
+pruning of router weights, and the evaluation that train.py runs and sample.py repeats.
 
 The imports form two floors: lime.py (the model, with kernels.py) and prepare_data.py (the
 data) at the bottom, this file above them, and train.py, sample.py, bench.py and analyze.py
@@ -11,16 +11,18 @@ import argparse
 import math
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import prepare_data
-from lime import GPT, GPTConfig
+from lime import GPT, GPTConfig, parse_router
 
 MODEL_FIELDS = list(GPTConfig.__dataclass_fields__)
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+PRUNABLE = ("lime", "last", "first")  # router modes with learned static weights: what top-p pruning applies to
 
 
 class UsageError(ValueError):
@@ -69,6 +71,11 @@ def pick_device(name):
     return name
 
 
+def autocast_for(device):
+    """bf16 autocast on CUDA, as training there uses; full precision anywhere else."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+
+
 def synchronize(device):
     """Wait for the device, so that a timer read next sees finished work (a CPU never lags)."""
     if device.startswith("cuda"):
@@ -87,12 +94,25 @@ def peak_flops(device, dtype):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: the uncompiled model's state_dict with the run's whole config
+# Checkpoints: the uncompiled model's state_dict with the run's whole config, and the
+# router mask of a pruned model (None if unpruned)
 
 
-def save_checkpoint(out_dir, model, optimizer, step, cfg):
-    ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step, config=cfg)
+def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
+    optimizer = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask)
     prepare_data.atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
+
+
+def run_files(out_dir):
+    """The files in out_dir that make it hold a run (empty if none)."""
+    return [name for name in RUN_FILES if (Path(out_dir) / name).exists()]
+
+
+def clear_run(out_dir):
+    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
+    for name in (*RUN_FILES, "config.json", "prune.json", "routes.png", "entropy.png", "probe.png", "prune.png"):
+        (Path(out_dir) / name).unlink(missing_ok=True)
 
 
 def read_checkpoint(out_dir):
@@ -106,15 +126,88 @@ def read_checkpoint(out_dir):
         raise UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
 
 
-def load_checkpoint(out_dir, device):
-    """A run's config and its model, rebuilt from that config, in eval mode on `device`."""
-    ckpt = read_checkpoint(out_dir)
+def model_from(ckpt, out_dir):
+    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU."""
     try:
         model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in MODEL_FIELDS}))
         model.load_state_dict(ckpt["model"])
     except Exception as e:  # a file of the right format with the wrong contents
         raise UsageError(f"cannot read {Path(out_dir) / 'ckpt.pt'}: {str(e).splitlines()[0]}") from None
-    return ckpt["config"], model.to(device).eval()
+    return model
+
+
+def load_checkpoint(out_dir, device):
+    """A run's config and its model, rebuilt from that config, in eval mode on `device`."""
+    ckpt = read_checkpoint(out_dir)
+    return ckpt["config"], model_from(ckpt, out_dir).to(device).eval()
+
+
+# -----------------------------------------------------------------------------
+# Top-p pruning of router weights (the paper's first version, its Table 5)
+
+
+def top_p_mask(weight, p):
+    """What top-p pruning keeps of one router: a bool mask of weight's shape, True = kept.
+    weight (n_kv, n_src, n_kv): target head, source layer, source head.
+
+    The paper does not publish its algorithm; this is our reading of it. For each target head
+    h, the |weight[h]| over all its (source layer, source head) pairs are divided by their sum,
+    and the smallest set of them whose share reaches p is kept: sorted from the largest down, a
+    weight is kept while the share of the weights before it is below p, so the one that crosses
+    p is kept too. A sum within 1e-9 of p counts as reaching it, so that rounding does not decide
+    (.4 + .3 + .2 comes out just under .9 in floating point). Equal weights keep their order (a
+    stable sort): the mask depends on the weights alone. Every target head keeps its largest weight.
+    """
+    share = weight.detach().abs().double().flatten(1)  # (n_kv, n_src * n_kv): each target head's sources
+    share = share / share.sum(1, keepdim=True).clamp(min=1e-300)
+    order = share.argsort(dim=1, descending=True, stable=True)
+    ranked = share.gather(1, order)
+    keep_ranked = ranked.cumsum(1) - ranked < p - 1e-9  # the share of the larger weights, before each one
+    keep_ranked[:, 0] = True  # however small p is
+    return torch.zeros_like(keep_ranked).scatter(1, order, keep_ranked).view(weight.shape)
+
+
+def prunable_weights(model):
+    """{parameter name: weight} of the routers top-p pruning applies to: the learned static ones
+    (lime, last-J, first-J; layer 0's fixed identity is no parameter). A UsageError otherwise."""
+    mode = parse_router(model.config.router)[0]
+    if mode not in PRUNABLE:
+        raise UsageError(f"top-p pruning needs a learned static router (lime, last-J or first-J), "
+                         f"not router={model.config.router!r}")
+    return {name: p for name, p in model.named_parameters() if name.endswith("router.weight")}
+
+
+@torch.no_grad()
+def prune_routers(model, p, mask=None):
+    """Zero the router weights that top-p pruning drops; returns the mask {parameter name: bool
+    tensor, True = kept}. With an earlier `mask`, what it dropped stays dropped."""
+    new = {}
+    for name, w in prunable_weights(model).items():
+        new[name] = top_p_mask(w, p) & (mask[name].to(w.device) if mask else True)
+        w.mul_(new[name])
+    return new
+
+
+@torch.no_grad()
+def mask_routers(model, mask, optimizer=None):
+    """Pruned router weights back to exactly zero, with their gradients and, given the optimizer,
+    their AdamW moments: with no gradient and no momentum, an update leaves them at zero."""
+    params = dict(model.named_parameters())
+    for name, keep in mask.items():
+        p = params[name]
+        keep = keep.to(p.device)
+        for t in [p, p.grad, *(optimizer.state.get(p, {}).values() if optimizer is not None else ())]:
+            if torch.is_tensor(t) and t.shape == p.shape:  # not a missing gradient, nor AdamW's step count
+                t.mul_(keep)
+
+
+def pruned_counts(mask):
+    """{layer: (pruned, total)} over the masked router weights, in layer order."""
+    counts = {}
+    for name, keep in mask.items():
+        layer = int(re.search(r"\.h\.(\d+)\.", name)[1])
+        counts[layer] = (int((~keep).sum()), keep.numel())
+    return dict(sorted(counts.items()))
 
 
 # -----------------------------------------------------------------------------
@@ -138,30 +231,47 @@ def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world
 
 
 @torch.no_grad()
-def arithmetic_accuracy(model, vocab, lines, device, batch_size=256, rank=0, world=1):
-    """Share of expressions whose greedy, open-ended solution ends in the right answer.
-    Prompts of equal length share a batch, so the KV cache needs no padding."""
+def greedy_accuracy(model, items, judge, stop, max_new_tokens, device, batch_size=256, rank=0, world=1):
+    """Share of items (prompt ids, reference) for which judge(generated ids, reference) holds. The
+    generation is greedy and open-ended: it ends at the `stop` token (cut off before judging) or after
+    max_new_tokens. Prompts of equal length share a batch, so the KV cache needs no padding."""
     by_length = {}
-    for i in range(rank, len(lines), world):
-        prompt, answer = prepare_data.split_sample(lines[i])
-        by_length.setdefault(len(prompt.split()), []).append((vocab.encode(prompt), answer))
-    correct = torch.zeros(2, device=device)  # (right answers, expressions)
-    for length, items in by_length.items():
-        for i in range(0, len(items), batch_size):
-            chunk = items[i: i + batch_size]
-            idx = torch.tensor([ids for ids, _ in chunk], device=device)
-            out = model.generate(idx, model.config.block_size - length, temperature=0, stop=vocab.eos)
-            for row, (_, answer) in zip(out[:, length:].tolist(), chunk):
-                correct[0] += prepare_data.final_answer(vocab.decode(row)) == answer
+    for prompt, reference in items[rank::world]:
+        by_length.setdefault(len(prompt), []).append((prompt, reference))
+    correct = torch.zeros(2, device=device)  # (right answers, items)
+    for length, group in by_length.items():
+        n_new = min(max_new_tokens, model.config.block_size - length)
+        for i in range(0, len(group), batch_size):
+            chunk = group[i: i + batch_size]
+            idx = torch.tensor([ids for ids, _ in chunk], device=device)  # (len(chunk), length)
+            out = model.generate(idx, n_new, temperature=0, stop=stop)
+            for row, (_, reference) in zip(out[:, length:].tolist(), chunk):
+                correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
             correct[1] += len(chunk)
     if world > 1:
         dist.all_reduce(correct)
     return (correct[0] / correct[1].clamp(min=1)).item()
 
 
+def arithmetic_accuracy(model, vocab, lines, device, rank=0, world=1):
+    """Share of expressions whose greedy, open-ended solution ends in the right answer."""
+    items = [(vocab.encode(prompt), answer) for prompt, answer in map(prepare_data.split_sample, lines)]
+    return greedy_accuracy(model, items, lambda ids, answer: prepare_data.final_answer(vocab.decode(ids)) == answer,
+                           vocab.eos, model.config.block_size, device, rank=rank, world=world)
+
+
+def prosqa_accuracy(model, data, device, rank=0, world=1):
+    """Share of test questions whose greedy completion ends in the right answer (prepare_data.prosqa_correct)."""
+    enc = prepare_data.gpt2_encoding()
+    return greedy_accuracy(model, data.tests,
+                           lambda ids, answer: prepare_data.prosqa_correct(prepare_data.decode_tokens(enc, ids), answer),
+                           data.pad, data.max_new_tokens, device, rank=rank, world=world)
+
+
 def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
-    """Validation loss and perplexity, plus accuracy per operand count on the arithmetic task.
-    `model` may be compiled or wrapped; generation runs on the plain `raw_model`."""
+    """Validation loss and perplexity, plus accuracy: per operand count on the arithmetic task
+    (acc_4, acc_5, acc_6), on the test questions of ProsQA (acc). `model` may be compiled or
+    wrapped; generation runs on the plain `raw_model`."""
     model.eval()
     loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
     out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
@@ -169,5 +279,8 @@ def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
         for n, lines in data.tests.items():
             with autocast:
                 out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
+    if isinstance(data, prepare_data.ProsQAData):
+        with autocast:
+            out["acc"] = prosqa_accuracy(raw_model, data, device, rank=rank, world=world)
     model.train()
     return out

@@ -4,11 +4,13 @@ Downloads, tokenises and generates the data of the LIMe experiments, and loads i
     python prepare_data.py fineweb-edu --shards 32   # GPT-2 tokens, ~191 MiB per shard
     python prepare_data.py shakespeare               # ~1 MB of text -> GPT-2 tokens
     python prepare_data.py arithmetic --show 5       # the Arithmetic Expression Task, offline
+    python prepare_data.py prosqa                    # ProsQA (~18k questions) -> GPT-2 tokens
 
 Token datasets are shards in the llm.c format: a 1024-byte header of 256 int32
 (magic 20240520, version 1, token count) followed by uint16 tokens, one loader for all.
 The arithmetic task is plain text, one sample per line, with its own small vocabulary
-in which every integer is one token. Nothing half-written ever takes a final name:
+in which every integer is one token. ProsQA keeps its JSON files beside their GPT-2
+tokens (one .npz per split). Nothing half-written ever takes a final name:
 downloads stream to `<file>.part` (resumed with HTTP Range) and every write goes to a
 temporary file that is renamed only when whole and verified.
 """
@@ -27,6 +29,8 @@ import torch
 
 FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+PROSQA_URL = "https://raw.githubusercontent.com/facebookresearch/coconut/main/data"
+PROSQA_SPLITS = ("train", "valid", "test")
 MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
@@ -189,6 +193,14 @@ def gpt2_encoding():
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken fetches the vocabulary on first use
         raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {e}") from None
+
+
+def decode_tokens(enc, ids):
+    """Text of token ids. An id the encoding does not have (the model's vocabulary is padded past
+    GPT-2's 50257, and an untrained model may pick one) reads as U+FFFD rather than failing."""
+    known = enc.n_vocab
+    return b"".join(enc.decode_single_token_bytes(i) if i < known else "\ufffd".encode() for i in ids).decode(
+        "utf-8", errors="replace")
 
 
 def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1):
@@ -378,6 +390,101 @@ def final_answer(generated):
 
 
 # -----------------------------------------------------------------------------
+# ProsQA (Hao et al. 2024): questions over a graph of made-up concepts, answered with the path
+# that proves the answer. The files come from the Coconut repository, whose layout we follow:
+#   <eot>Every shumpus is a rempus. ... Is Tom a lempus or scrompus?\n      <- the prompt
+#   Tom is a terpus.\nEvery terpus is a brimpus.\nEvery brimpus is a lempus.\n### Tom is a lempus.<eot>
+
+
+def check_prosqa(path):
+    """The records of a ProsQA file. A DataError unless it is a JSON list of objects, each with a
+    `question` (text), its reasoning `steps` (a list of texts) and an `answer` (text)."""
+    name = Path(path).name.removesuffix(".part")
+    try:
+        records = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise DataError(f"{name} is missing from {Path(path).parent}") from None
+    except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
+        raise DataError(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(records, list) or not records:
+        raise DataError(f"{name}: expected a non-empty JSON list of records")
+    for i, r in enumerate(records):
+        for key, kind in (("question", "a text"), ("steps", "a list of texts"), ("answer", "a text")):
+            if not isinstance(r, dict) or key not in r:
+                raise DataError(f"{name}: record {i} has no {key!r}")
+            value = r[key]
+            if not (isinstance(value, str) if key != "steps" else
+                    isinstance(value, list) and all(isinstance(step, str) for step in value)):
+                raise DataError(f"{name}: record {i}: {key!r} is not {kind}")
+    return records
+
+
+def prosqa_texts(record):
+    """(prompt, completion): the question and a newline; then each step on a line of its own, and
+    '### ' with the answer. Tokenised apart, so that the prompt ends on a token boundary."""
+    return record["question"] + "\n", "".join(step + "\n" for step in record["steps"]) + "### " + record["answer"]
+
+
+def tokenize_prosqa(records, enc):
+    """(tokens, offsets, prompt_lens): record i is tokens[offsets[i]:offsets[i + 1]], <eot> prompt
+    completion <eot> (the pretraining shards also start each document with <eot>); its prompt is
+    the first prompt_lens[i] of them, <eot> included."""
+    seqs, prompt_lens = [], []
+    for record in records:
+        prompt, completion = prosqa_texts(record)
+        ids = [enc.eot_token] + enc.encode_ordinary(prompt)
+        prompt_lens.append(len(ids))
+        seqs.append(ids + enc.encode_ordinary(completion) + [enc.eot_token])
+    tokens = np.concatenate(seqs)
+    assert tokens.max() < 2**16, "stored as uint16, like the token shards"
+    return tokens.astype(np.uint16), np.cumsum([0] + [len(s) for s in seqs]), np.array(prompt_lens)
+
+
+def prepare_prosqa(data_dir, base_url=PROSQA_URL, enc=None):
+    """Download the three splits (resumable, each checked before it takes its name), then tokenise
+    each into prosqa_<split>.npz."""
+    enc = enc or gpt2_encoding()  # first: without the vocabulary there is no point in downloading
+    for split in PROSQA_SPLITS:
+        dest = Path(data_dir) / f"prosqa_{split}.json"
+        fetched = download(f"{base_url.rstrip('/')}/{dest.name}", dest, verify=check_prosqa)
+        records = check_prosqa(dest)
+        tokens, offsets, prompt_lens = tokenize_prosqa(records, enc)
+        path = dest.with_suffix(".npz")
+        atomic_write(path, lambda f: np.savez(f, tokens=tokens, offsets=offsets, prompt_lens=prompt_lens,
+                                              eot=np.array(enc.eot_token)))
+        print(f"{dest}: {len(records):,} records{'' if fetched else ' (already there)'}; {path.name}: "
+              f"{len(tokens):,} tokens, longest record {np.diff(offsets).max()}")
+
+
+def load_prosqa(data_dir, split):
+    """One split as a list of (token ids, prompt length), and the end-of-text id. The ids are views
+    into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory."""
+    path = Path(data_dir) / f"prosqa_{split}.npz"
+    if not path.exists():
+        where = "" if Path(data_dir) == Path("data/prosqa") else f" --data-dir {data_dir}"
+        raise DataError(f"no ProsQA data in {data_dir}: run `python prepare_data.py prosqa{where}`")
+    try:
+        with np.load(path) as f:
+            tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))
+    except Exception as e:  # a truncated or foreign file
+        raise DataError(f"cannot read {path}: {e}; prepare it again") from None
+    tokens = tokens.astype(np.int64)
+    rows = [(tokens[a:b], int(n)) for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lens)]
+    return rows, int(eot)
+
+
+def prosqa_correct(completion, answer):
+    """Our accuracy rule for ProsQA. `completion`: the text generated after the prompt, up to (not
+    including) the first end-of-text. Its answer is all that follows its first '###'; it is right
+    when it equals the reference answer once whitespace is normalised in both (every run of spaces,
+    tabs and newlines becomes one space, none at either end). Case and punctuation count; a
+    completion without '###' is wrong. The reasoning steps before '###' are not scored."""
+    if "###" not in completion:
+        return False
+    return " ".join(completion.split("###", 1)[1].split()) == " ".join(answer.split())
+
+
+# -----------------------------------------------------------------------------
 # Batches for training and evaluation: language windows and arithmetic rows, both a pure
 # function of (seed, step, rank), so a resumed run sees exactly the batches an uninterrupted one would
 
@@ -413,9 +520,32 @@ class TokenData:
             yield self.val_x[i: i + size], self.val_y[i: i + size]
 
 
-class ArithmeticData:
-    """Task samples as rows of block_size tokens; the loss only on the solution. `longest` (tokens,
-    with the final <eos>) and the vocabulary's size are for the caller to check against the model."""
+class TaskRows:
+    """A task's samples as rows of block_size tokens, the loss only on what follows the prompt.
+    `train` and `val` hold (token ids ending with the end token, prompt length); `pad` is the end
+    token; `longest` (tokens, the end token included) and `vocab_size` are for the caller to check
+    against the model."""
+
+    def collate(self, rows):
+        """Inputs padded with the end token; targets only after the prompt, -1 elsewhere."""
+        x = torch.full((len(rows), self.T), self.pad)
+        y = torch.full((len(rows), self.T), -1)
+        for i, (ids, n_prompt) in enumerate(rows):
+            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
+            y[i, n_prompt - 1: len(ids) - 1] = torch.tensor(ids[n_prompt:])
+        return x, y
+
+    def batch(self, rng, n):
+        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val), size * world):
+            yield self.collate(self.val[i: i + size])
+
+
+class ArithmeticData(TaskRows):
+    """The arithmetic task: validation loss and accuracy on the first eval_samples test expressions of
+    each operand count."""
 
     def __init__(self, cfg, with_train=True):
         # only training generates the task: evaluating or analysing a run reads it, like any other data
@@ -427,31 +557,35 @@ class ArithmeticData:
         self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
         self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in OPERAND_COUNTS}
         self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
+        self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
         self.longest = max(len(ids) for ids, _ in self.train + self.val)
 
     def encode_row(self, line):
-        """(token ids with a final <eos>, the position of the first '=')."""
-        return self.vocab.encode(line) + [self.vocab.eos], line.split().index("=")
+        """(token ids with a final <eos>, the prompt's length: up to the first '=')."""
+        return self.vocab.encode(line) + [self.vocab.eos], line.split().index("=") + 1
 
-    def collate(self, rows):
-        """Inputs padded with <eos>; targets only on the solution (after the first '='), -1 elsewhere."""
-        x = torch.full((len(rows), self.T), self.vocab.eos)
-        y = torch.full((len(rows), self.T), -1)
-        for i, (ids, eq) in enumerate(rows):
-            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
-            y[i, eq: len(ids) - 1] = torch.tensor(ids[eq + 1:])
-        return x, y
 
-    def batch(self, rng, n):
-        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+class ProsQAData(TaskRows):
+    """ProsQA: training on the train split, validation loss on the valid split, and accuracy on the
+    first eval_samples questions of the test split, which is where the paper reports it. `tests`
+    holds (prompt ids, reference answer); `max_new_tokens` bounds a generated completion at twice
+    the longest one in the valid and test splits (not train, which an evaluation need not load)."""
 
-    def val_batches(self, size, rank, world):
-        for i in range(rank * size, len(self.val), size * world):
-            yield self.collate(self.val[i: i + size])
+    def __init__(self, cfg, with_train=True):
+        self.T, n = cfg["block_size"], cfg["eval_samples"]
+        self.val, self.pad = load_prosqa(cfg["data_dir"], "valid")
+        self.train = load_prosqa(cfg["data_dir"], "train")[0] if with_train else []
+        test = load_prosqa(cfg["data_dir"], "test")[0][:n]
+        answers = [r["answer"] for r in check_prosqa(Path(cfg["data_dir"]) / "prosqa_test.json")[:n]]
+        self.tests = [(ids[:n_prompt].tolist(), answer) for (ids, n_prompt), answer in zip(test, answers)]
+        self.vocab_size = self.pad + 1  # GPT-2's end-of-text is the last of its tokens
+        self.longest = max(len(ids) for ids, _ in self.train + self.val + test)
+        self.max_new_tokens = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
 
 
 def load_data(cfg, with_train=True):
-    return (ArithmeticData if cfg["data"] == "arithmetic" else TokenData)(cfg, with_train)
+    loader = dict(arithmetic=ArithmeticData, prosqa=ProsQAData).get(cfg["data"], TokenData)
+    return loader(cfg, with_train)
 
 
 def batch_rng(seed, step, rank, micro):
@@ -475,10 +609,11 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic"], help="dataset to prepare")
+    p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic", "prosqa"], help="dataset to prepare")
     p.add_argument("--data-dir", help="output folder (default: data/NAME)")
     p.add_argument("--shards", type=int, default=32, help="fineweb-edu: train shards of 1e8 tokens (32 for 3.1B)")
-    p.add_argument("--base-url", default=FINEWEB_URL, help="fineweb-edu: where the shards are (a mirror)")
+    p.add_argument("--base-url", help=f"fineweb-edu, prosqa: where the files are, for a mirror "
+                                      f"(default: {FINEWEB_URL}, {PROSQA_URL})")
     p.add_argument("--url", default=SHAKESPEARE_URL, help="shakespeare: where the text is")
     p.add_argument("--seed", type=int, default=0, help="arithmetic: generator seed")
     p.add_argument("--train-size", type=int, default=50_000, help="arithmetic: training samples per operand count")
@@ -495,7 +630,9 @@ def main(argv=None):
             p.error(f"--{key.replace('_', '-')} must be >= {least}, got {getattr(args, key)}")
     try:
         if args.name == "fineweb-edu":
-            prepare_fineweb(data_dir, args.shards, args.base_url)
+            prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL)
+        elif args.name == "prosqa":
+            prepare_prosqa(data_dir, args.base_url or PROSQA_URL)
         elif args.name == "shakespeare":
             prepare_shakespeare(data_dir, args.url)
         else:

@@ -6,33 +6,41 @@ Generates from a checkpoint of train.py, or evaluates it.
     python sample.py --out-dir out/tiny-lime --eval                   # accuracy per operand count
     python sample.py --out-dir out/150m-lime --start "The meaning of" --num-samples 3
     python sample.py --out-dir out/150m-lime --eval                   # validation perplexity
+    python sample.py --out-dir out/prosqa-lime --num-samples 2        # random ProsQA test questions, answered
+    python sample.py --out-dir out/prosqa-lime --eval                 # ProsQA test accuracy
 
 The model is rebuilt from the config saved in the checkpoint: no model flags to repeat.
-Language checkpoints decode with the GPT-2 tokenizer, arithmetic ones with the task
-vocabulary. Generation uses the KV cache.
+Language and ProsQA checkpoints decode with the GPT-2 tokenizer, arithmetic ones with the
+task vocabulary. Generation uses the KV cache.
 """
 
 import argparse
 import random
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 import prepare_data
-from common import Parser, UsageError, evaluate, load_checkpoint, one_line_errors, pick_device, synchronize
+from common import (Parser, UsageError, autocast_for, evaluate, load_checkpoint, one_line_errors, pick_device,
+                    synchronize)
 
 
 class Codec:
-    """Text <-> token ids for a checkpoint: GPT-2 for language, the task vocabulary for arithmetic."""
+    """Text <-> token ids for a checkpoint: GPT-2 for language and ProsQA, the task vocabulary for
+    arithmetic. `stop` ends a generation: the end of a task's sample (None for language)."""
 
     def __init__(self, cfg):
-        self.arithmetic = cfg["data"] == "arithmetic"
+        self.arithmetic, self.prosqa = cfg["data"] == "arithmetic", cfg["data"] == "prosqa"
         if self.arithmetic:
             self.vocab, self.splits = prepare_data.load_arithmetic(cfg["data_dir"])
+            self.stop = self.vocab.eos
         else:
             self.enc = prepare_data.gpt2_encoding()
+            self.stop = self.enc.eot_token if self.prosqa else None
+        if self.prosqa:  # test question -> its answer, for a verdict
+            test = prepare_data.check_prosqa(Path(cfg["data_dir"]) / "prosqa_test.json")
+            self.answers = {r["question"].strip(): r["answer"] for r in test}
 
     def encode(self, text):
         if self.arithmetic:
@@ -42,18 +50,23 @@ class Codec:
                 return self.vocab.encode(text + " =")
             except prepare_data.DataError as e:
                 raise UsageError(f"--start: {e}") from None
+        if self.prosqa:  # the prompt as in training: end-of-text, the question, a newline
+            return [self.stop] + self.enc.encode_ordinary(prepare_data.prosqa_texts(
+                dict(question=text.strip(), steps=[], answer=""))[0])
         return self.enc.encode(text, allowed_special={"<|endoftext|>"})
 
     def decode(self, ids):
-        return self.vocab.decode(ids) if self.arithmetic else self.enc.decode(ids)
+        return self.vocab.decode(ids) if self.arithmetic else prepare_data.decode_tokens(self.enc, ids)
 
 
 def prompts(args, codec, n):
-    """The prompt texts: --start (text or FILE:path), else random test expressions or <|endoftext|>."""
+    """The prompt texts: --start (text or FILE:path), else random test expressions or questions, or <|endoftext|>."""
     if args.start is None and codec.arithmetic:
         rng = random.Random(args.seed)
         tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
         return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
+    if args.start is None and codec.prosqa:
+        return random.Random(args.seed).sample(list(codec.answers), min(n, len(codec.answers)))
     text = "<|endoftext|>" if args.start is None else args.start
     if text.startswith("FILE:"):
         try:
@@ -77,8 +90,7 @@ def generate(model, codec, args, device, autocast):
         idx = torch.tensor([ids], device=device)
         t = time.time()
         with autocast:
-            out = model.generate(idx, max_new, temperature=args.temperature, top_k=args.top_k,
-                                 stop=codec.vocab.eos if codec.arithmetic else None)
+            out = model.generate(idx, max_new, temperature=args.temperature, top_k=args.top_k, stop=codec.stop)
         synchronize(device)
         new = out[0, len(ids):].tolist()
         speed = f"{len(new) / (time.time() - t):,.0f} tokens/s"
@@ -88,6 +100,12 @@ def generate(model, codec, args, device, autocast):
             answer = prepare_data.evaluate(prepare_data.parse_expression(codec.decode(ids[:-1])))
             verdict = "right" if got == answer else f"wrong, the answer is {answer}"
             print(f"{codec.decode(ids)} {solution}   [{verdict}] ({speed})")
+        elif codec.prosqa:
+            completion = codec.decode(new[: new.index(codec.stop)] if codec.stop in new else new)
+            answer = codec.answers.get(text.strip())
+            verdict = "not a test question" if answer is None else \
+                "right" if prepare_data.prosqa_correct(completion, answer) else f"wrong, the answer is {answer!r}"
+            print(f"{text.strip()}\n{completion}\n--- [{verdict}] ({speed})")
         else:
             print(f"{codec.decode(ids)}{codec.decode(new)}\n--- {len(new)} tokens, {speed}")
         yield ids + new
@@ -97,19 +115,20 @@ def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
-                                   "(default: random test expressions / <|endoftext|>)")
+                                   "(default: random test expressions or questions, or <|endoftext|>)")
     p.add_argument("--num-samples", type=int, default=3,
                    help="how many samples to generate (one for a prompt decoded greedily: they would be the same)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample at most")
     p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy "
-                                                     "(default: 0 for arithmetic, 0.8 for language)")
+                                                     "(default: 0 for arithmetic and prosqa, 0.8 for language)")
     p.add_argument("--top-k", type=int, help="sample only from the k >= 1 most likely tokens "
                                              "(default: 200 for language)")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling and for picking expressions")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
-    p.add_argument("--eval", action="store_true", help="evaluate instead: accuracy per operand count "
-                                                       "(arithmetic) or validation perplexity (language)")
+    p.add_argument("--eval", action="store_true", help="evaluate instead: validation loss and perplexity, and "
+                                                       "accuracy per operand count (arithmetic) or on the test "
+                                                       "questions (prosqa)")
     with one_line_errors("sample.py"):
         args = p.parse_args(argv)
         if args.num_samples < 1 or args.max_new_tokens < 1:
@@ -121,15 +140,15 @@ def main(argv=None):
         device = pick_device(args.device)
         cfg, model = load_checkpoint(args.out_dir, device)
         cfg["data_dir"] = args.data_dir or cfg["data_dir"]
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+        autocast = autocast_for(device)
         if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
             metrics = evaluate(model, model, prepare_data.load_data(cfg, with_train=False), cfg, device, autocast)
             print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             return metrics
         codec = Codec(cfg)
         if args.temperature is None:
-            args.temperature = 0.0 if codec.arithmetic else 0.8
-        if args.top_k is None and not codec.arithmetic:
+            args.temperature = 0.0 if codec.stop is not None else 0.8
+        if args.top_k is None and codec.stop is None:
             args.top_k = 200
         torch.manual_seed(args.seed)
         return list(generate(model, codec, args, device, autocast))

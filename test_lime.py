@@ -8,12 +8,14 @@ import json
 import math
 import operator
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -438,7 +440,8 @@ class FileServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # a short poll: close() waits for the loop to see the shutdown, half a second per test by default
+        threading.Thread(target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.01), daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
@@ -692,7 +695,7 @@ def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--preset=huge"], "unknown preset 'huge': choose from 150m, 1b, deep, arith, tiny"),
+    (["--preset=huge"], "unknown preset 'huge': choose from 150m, 1b, deep, arith, prosqa, tiny"),
     (["--router=first-0"], "unknown router 'first-0'"),
     (["--n-kv-head=3", "--n-head=2"], "n_kv_head=3 must divide n_head=2"),
     (["--micro-batch-size=3"], "--batch-size=8 is not a multiple of --micro-batch-size=3"),
@@ -1090,6 +1093,18 @@ BAD_INPUTS = [
      "--show must be >= 0, got -1"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
+    ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
+    ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
+    ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
+    ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
+    ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
+    ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
+    ("train", train_args("--init-from=/nonexistent/run"), 2, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--init-from={r}", "--n-layer=3"), 2,
+     "ckpt.pt holds a model with n_layer=2 (not 3)"),
+    ("train", lambda a, r, t: tiny_args(a, r, f"--init-from={r}", "--resume"), 2, "give one of them"),
+    ("train", lambda a, r, t: ["--preset=prosqa", f"--data-dir={t / 'none'}", f"--out-dir={t / 'run'}",
+                               f"--init-from={r}"], 1, "no ProsQA data in"),
 ]
 
 
@@ -1212,3 +1227,204 @@ def test_ablation_table_with_a_zero_reference(tmp_path):
         (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
     table = analyze.main(["table", *map(str, dirs)])
     assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table
+
+
+# ---- pruning, fine-tuning, ProsQA -----------------------------------------------------
+
+
+def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
+    # two target heads, each reading 2 source layers x 2 source heads; shares of |weight| in tenths
+    w = torch.tensor([[[4.0, -3.0], [2.0, 1.0]],  # .4 .3 .2 .1: .4 + .3 < .9, so the .2 crosses p; the .1 goes
+                      [[-8.0, 1.0], [0.5, 0.5]]])  # .8 .1 .05 .05: .8 + .1 reaches .9; both .05 go
+    assert common.top_p_mask(w, 0.9).tolist() == [[[True, True], [True, False]], [[True, True], [False, False]]]
+    assert common.top_p_mask(w, 0.1).sum(dim=(1, 2)).tolist() == [1, 1]  # the largest always stays
+    ties = common.top_p_mask(torch.ones(1, 2, 2), 0.5)
+    assert ties.flatten().tolist() == [True, True, False, False]  # equal weights: kept in order
+    # in a model: the hand counts per layer, and only the dropped weights change (to zero)
+    model = small_model("lime", n_layer=3)
+    with torch.no_grad():
+        model.routers[1].weight.copy_(w)
+        model.routers[2].weight.copy_(torch.tensor([10.0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]).view(2, 3, 2))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    mask = common.prune_routers(model, 0.9)
+    # layer 2, head 0: 10 is everything; head 1: shares 1..6 / 21, and 6 + 5 + 4 + 3 = 18 < 0.9 * 21 <= 20
+    assert common.pruned_counts(mask) == {1: (3, 8), 2: (5 + 1, 12)}
+    for name, p in model.named_parameters():
+        expected = before[name] * mask[name] if name in mask else before[name]
+        assert torch.equal(p, expected), name
+    with pytest.raises(common.UsageError, match="needs a learned static router"):
+        common.prune_routers(small_model("dynamic"), 0.9)
+
+
+@pytest.mark.parametrize("mode", ["lime", "first-2"])
+def test_pruned_model_equals_the_dense_routing_with_its_zeros(mode):
+    model, idx = small_model(mode), tokens()
+    unpruned = model(idx)[0]
+    mask = common.prune_routers(model, 0.6)
+    assert sum(p for p, _ in common.pruned_counts(mask).values()) > 0
+    for layer, R in enumerate(model.routing_weights()):  # the dense (n_kv, l + 1, n_kv) weights hold the zeros
+        name = f"transformer.h.{layer}.attn.router.weight"
+        if name in mask:
+            sources = model.routers[layer].sources
+            assert torch.equal(R[:, sources] != 0, mask[name])
+    fast = model(idx)[0]  # kernels.route, pushing each layer's K/V to its readers
+    model.reference_routing = True  # route_reference: the einsum over every source, zeros included
+    torch.testing.assert_close(fast, model(idx)[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(fast, unpruned, atol=1e-4)  # the zeros do change what the model computes
+
+
+def router_state(ckpt, name):
+    """The AdamW moments of one router weight in a saved checkpoint (the optimiser keys them by position)."""
+    model = GPT(GPTConfig(**{k: ckpt["config"][k] for k in common.MODEL_FIELDS}))
+    params = [n for g in train.param_groups(model, ckpt["config"]) for n, p in model.named_parameters()
+              if any(p is q for q in g["params"])]
+    return ckpt["optimizer"]["state"][params.index(name)]
+
+
+def test_pruning_during_training_survives_resume(arith_dir, tmp_path):
+    prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(arith_dir, whole, *prune))
+    train.main(tiny_args(arith_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
+    assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
+    train.main(tiny_args(arith_dir, parts, *prune, "--resume"))
+    assert_same_run(parts, whole)
+    ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
+    name = "transformer.h.1.attn.router.weight"
+    keep = ckpt["router_mask"][name]
+    assert 0 < (~keep).sum() < keep.numel()
+    assert torch.all(ckpt["model"][name][~keep] == 0) and torch.all(ckpt["model"][name][keep] != 0)
+    state = router_state(ckpt, name)  # no gradient and no momentum reach a pruned weight
+    assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
+    assert json.loads((parts / "summary.json").read_text())["router_pruned"] == int((~keep).sum())
+    assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
+
+
+def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
+    new, name = tmp_path / "pruned", "transformer.h.1.attn.router.weight"
+    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "0.7", "--save", str(new)])
+    ckpt = torch.load(new / "ckpt.pt", weights_only=True)
+    keep = ckpt["router_mask"][name]
+    assert report["pruned"] == int((~keep).sum()) > 0 and report["weights"] == 8
+    assert torch.all(ckpt["model"][name][~keep] == 0) and ckpt["config"]["out_dir"] == str(new)
+    assert torch.isnan(report["survival"][0]).all()  # layer 0's router is a fixed identity
+    assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
+    out = capsys.readouterr().out
+    assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
+    summary = json.loads((arith_run / "summary.json").read_text())
+    assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
+    # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
+    assert common.load_checkpoint(new, "cpu")[1].routers[1].weight.count_nonzero() == keep.sum()
+    assert len(sample.main(["--out-dir", str(new), "--num-samples", "1", "--max-new-tokens", "2"])) == 1
+    before = snapshot(new)
+    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
+    assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before
+
+
+def prosqa_records(n, seed):
+    """ProsQA's format, in miniature: a two-step proof of the answer."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        who, (a, b, c) = rng.choice(["Al", "Bo", "Cy"]), rng.sample(["wu", "yu", "zo", "ri", "le"], 3)
+        records.append(dict(question=f"Every {a} is a {b}. {who} is a {a}. Is {who} a {b} or {c}?",
+                            steps=[f"{who} is a {a}.", f"Every {a} is a {b}."], answer=f"{who} is a {b}."))
+    return records
+
+
+def prosqa_files(sizes=(32, 4, 4)):
+    return {f"prosqa_{split}.json": json.dumps(prosqa_records(n, i)).encode()
+            for i, (split, n) in enumerate(zip(pd.PROSQA_SPLITS, sizes))}
+
+
+def test_prosqa_download_check_and_tokens(serve, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
+    files, enc = prosqa_files(), small_encoding()
+    server = serve(files)
+    pd.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url])
+    for name, data in files.items():
+        assert (tmp_path / name).read_bytes() == data
+    rows, eot = pd.load_prosqa(tmp_path, "train")
+    assert eot == enc.eot_token and len(rows) == 32
+    for (ids, n_prompt), r in zip(rows, json.loads(files["prosqa_train.json"])):
+        ids = ids.tolist()
+        assert enc.decode(ids[:n_prompt]) == f"<|endoftext|>{r['question']}\n"
+        assert enc.decode(ids[n_prompt:]) == f"{r['steps'][0]}\n{r['steps'][1]}\n### {r['answer']}<|endoftext|>"
+    n = len(server.requests)
+    pd.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url])
+    assert len(server.requests) == n and "(already there)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, message", [
+    (b'[{"question": "Is Al a wu?", "steps": []', "prosqa_valid.json: not valid JSON"),
+    (json.dumps([dict(question="Is Al a wu?", steps=["Al is a wu."])]).encode(), "record 0 has no 'answer'"),
+    (json.dumps([dict(question="Is Al a wu?", steps="Al is a wu.", answer="Al is a wu.")]).encode(),
+     "record 0: 'steps' is not a list of texts"),
+    (json.dumps({"question": "Is Al a wu?"}).encode(), "expected a non-empty JSON list"),
+])
+def test_corrupt_prosqa_file_is_reported_and_not_kept(serve, tmp_path, monkeypatch, capsys, bad, message):
+    monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
+    server = serve({**prosqa_files(), "prosqa_valid.json": bad})
+    err = error_of(pd.main, ["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url], capsys, code=1)
+    assert err.startswith("prepare_data.py: error: prosqa_valid.json") and message in err
+    assert not list(tmp_path.glob("prosqa_valid.*")) and (tmp_path / "prosqa_train.npz").exists()
+
+
+class ScriptedModel:
+    """Stands in for a GPT in greedy_accuracy: continues each prompt with the tokens scripted for it."""
+
+    def __init__(self, script, block_size):
+        self.script, self.config, self.asked = script, dataclasses.make_dataclass("C", ["block_size"])(block_size), []
+
+    def generate(self, idx, max_new_tokens, temperature, stop):
+        self.asked.append((idx.shape, max_new_tokens, temperature, stop))
+        return torch.tensor([row + self.script[tuple(row)][:max_new_tokens] for row in idx.tolist()])
+
+
+def test_prosqa_accuracy_on_hand_made_generations(monkeypatch):
+    right, answer = "Al is a wu.\nEvery wu is a yu.\n### Al  is a\nyu. ", "Al is a yu."
+    assert pd.prosqa_correct(right, answer)  # whitespace runs and ends do not count
+    assert not pd.prosqa_correct("Al is a wu.\n### Al is a yu", answer)  # punctuation does
+    assert not pd.prosqa_correct("### al is a yu.", answer) and not pd.prosqa_correct("Al is a yu.", answer)
+    assert not pd.prosqa_correct("### Al is a yu.\n### Al is a yu.", answer)  # everything after the first ###
+    monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
+    enc = small_encoding()
+    eot, long_prompt = enc.eot_token, [enc.eot_token] + [3] * 48
+    script = {(eot, 1, 2): enc.encode_ordinary(right) + [eot] + enc.encode_ordinary("### Bo is a zo."),  # cut at <eot>
+              tuple(long_prompt): enc.encode_ordinary("### Cy is a ri. and more, never ended")}
+    items = [([eot, 1, 2], answer), ([eot, 1, 2], "Bo is a zo."), (long_prompt, "Cy is a ri."),
+             (long_prompt, "Cy is a ri. and more, never ended")]
+    model = ScriptedModel(script, block_size=64)
+    data = types.SimpleNamespace(tests=items, pad=eot, max_new_tokens=100)
+    # right: the first (what follows <eot> does not count) and the third (the block ends after "### Cy is a ri.")
+    assert common.prosqa_accuracy(model, data, "cpu") == 2 / 4
+    assert model.asked == [((2, 3), 61, 0, eot), ((2, 49), 15, 0, eot)]  # prompts of one length share a batch
+    assert pd.decode_tokens(enc, [72, 105, 999]) == "Hi\ufffd"  # an id past the vocabulary: no crash, no match
+
+
+def test_prosqa_fine_tuning_from_a_checkpoint(serve, arith_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
+    data, out = tmp_path / "prosqa", tmp_path / "ft"
+    pd.prepare_prosqa(data, serve(prosqa_files()).url)
+    train.main(["--preset=prosqa", f"--data-dir={data}", f"--out-dir={out}", f"--init-from={arith_run}",
+                "--block-size=128", "--batch-size=8", "--micro-batch-size=8", "--epochs=1", "--warmup-epochs=0.5",
+                "--eval-samples=2", "--log-interval=1"])
+    config = json.loads((out / "config.json").read_text())
+    # the shape of the tiny arithmetic model, not the preset's 150M; the preset's schedule, in epochs of 32 samples
+    assert (config["n_layer"], config["n_embd"], config["vocab_size"], config["block_size"]) == (2, 32, 1024, 128)
+    assert (config["max_steps"], config["warmup_steps"], config["lr"], config["schedule"]) == (4, 2, 1e-4, "linear")
+    assert config["init_from"] == str(arith_run) and "starting from the weights of" in capsys.readouterr().out
+    # four small steps from the arithmetic run's weights: still close to them, unlike a fresh initialisation
+    source, tuned = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (arith_run, out))
+    torch.manual_seed(config["seed"])
+    fresh = GPT(GPTConfig(**{k: config[k] for k in common.MODEL_FIELDS})).state_dict()
+    w = "transformer.h.1.mlp.c_fc.weight"
+    assert (tuned[w] - source[w]).abs().max() < 0.005 < (fresh[w] - source[w]).abs().max()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data"] == "prosqa" and 0 <= summary["acc"] <= 1 and summary["steps"] == 4
+    assert sample.main(["--out-dir", str(out), "--eval"]) == {k: summary[k] for k in ("val_loss", "val_ppl", "acc")}
+    assert analyze.main(["table", str(out)]).startswith("| router | acc |")
+    capsys.readouterr()
+    sample.main(["--out-dir", str(out), "--num-samples", "1"])  # a test question, answered, with a verdict
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] in {r["question"] for r in prosqa_records(4, 2)} and "--- [" in shown[-1]

@@ -3,10 +3,15 @@ Trains a LIMe model (or an ablation of its router) on one CPU, one GPU, or sever
 
     python train.py --preset=tiny --router=lime        # offline quick start, a few CPU minutes
     python train.py --router=first-4                   # the 150M router ablation on one GPU
+    python train.py --router-top-p=0.9 --prune-at=1000 # top-p pruning of the routers at step 1000, kept after it
     torchrun --standalone --nproc_per_node=8 train.py --preset=1b --router=lime
+    python train.py --preset=prosqa --init-from=out/150m-lime   # fine-tune a pretrained run on ProsQA
 
 A preset names a full set of defaults; every flag overrides one of them. The resolved
 configuration is printed, saved as <out-dir>/config.json and kept in every checkpoint.
+--resume continues a run where it stopped (its weights, optimiser state and step);
+--init-from starts a new run, on any data, from the weights of another one: the model's
+shape comes from that run (all but --block-size), the optimiser and the step start afresh.
 Data batches are a pure function of (seed, step, rank), so a resumed run sees exactly
 the batches an uninterrupted one would.
 """
@@ -31,22 +36,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from common import (MODEL_FIELDS, Parser, UsageError, evaluate, fail, peak_flops, pick_device, read_checkpoint,
-                    save_checkpoint, synchronize)
-from lime import GPT, GPTConfig
-from prepare_data import ArithmeticData, batch_rng, load_data
+from common import (MODEL_FIELDS, PRUNABLE, Parser, UsageError, clear_run, evaluate, fail, mask_routers,
+                    peak_flops, pick_device, prune_routers, pruned_counts, read_checkpoint, run_files, save_checkpoint,
+                    synchronize)
+from lime import GPT, GPTConfig, parse_router
+from prepare_data import TaskRows, batch_rng, load_data
 
 
 @dataclass
 class TrainConfig:
-    preset: str = "150m"  # named set of defaults: 150m, 1b, deep, arith, tiny
-    data: str = "fineweb-edu"  # dataset: fineweb-edu, shakespeare or arithmetic
+    preset: str = "150m"  # named set of defaults: 150m, 1b, deep, arith, prosqa, tiny
+    data: str = "fineweb-edu"  # dataset: fineweb-edu, shakespeare, arithmetic or prosqa
     data_dir: str = ""  # where the dataset is (default data/<data>)
     out_dir: str = ""  # checkpoints and logs (default out/<preset>-<router>)
     batch_size: int = 256  # sequences per optimiser step, over all processes
     micro_batch_size: int = 16  # sequences per forward pass per process; the rest is gradient accumulation
     max_steps: int = 6000  # length of the run; the learning-rate schedule follows it
-    epochs: float = 0.0  # arithmetic: if > 0, sets max_steps to this many passes over the training set
+    epochs: float = 0.0  # arithmetic, prosqa: if > 0, sets max_steps to this many epochs (of len(train) samples)
+    warmup_epochs: float = 0.0  # arithmetic, prosqa: if > 0, sets warmup_steps to this many epochs
     stop_at: int = 0  # end this session after this step with a checkpoint (0: run to max_steps)
     lr: float = 1e-3  # peak learning rate
     router_lr: float = 1e-2  # learning rate of the router parameters (no weight decay)
@@ -58,14 +65,17 @@ class TrainConfig:
     beta2: float = 0.95  # AdamW beta2
     eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # clip the global gradient norm to this (0: off)
+    router_top_p: float = 0.0  # if > 0, prune the router weights once to this top-p, at step --prune-at (0: off)
+    prune_at: int = 0  # with --router-top-p: the step at which to prune; pruned weights stay zero after it
     eval_interval: int = 500  # evaluate and save a checkpoint every this many steps
     eval_tokens: int = 2_097_152  # language data: validation tokens (fixed windows from the start of val)
-    eval_samples: int = 1000  # arithmetic: test expressions per operand count for accuracy
+    eval_samples: int = 1000  # arithmetic: test expressions per operand count for accuracy; prosqa: test questions
     log_interval: int = 10  # print a progress line every this many steps
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 on CUDA, else float32), bfloat16, float32
     compile: str = "auto"  # torch.compile: auto (on for CUDA), on, off
     seed: int = 1337  # seed of the initial weights and the data order
+    init_from: str = ""  # a run folder: start from the weights in its ckpt.pt (a new run, step 0, fresh optimiser)
 
 
 PRESETS = {
@@ -80,6 +90,12 @@ PRESETS = {
     "arith": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=32, mlp_hidden=128, block_size=64,
                   vocab_size=1024, batch_size=128, micro_batch_size=128, epochs=200, warmup_steps=0,
                   schedule="linear", eval_interval=5000, log_interval=100),
+    # Appendix A: fine-tuning the pretrained 150M model (give --init-from) on ProsQA's ~18k training sequences for
+    # 10 epochs, lr 1e-4 with linear decay (to 0: our reading) and warm-up over the first epoch, batch 128. Ours:
+    # block 1024 (Coconut trains GPT-2, 1024 positions, on these files; a longer sample is refused, not cut) and
+    # accuracy on the whole test split (500); weight decay and router lr, which the paper leaves out, as in pretraining
+    "prosqa": dict(data="prosqa", block_size=1024, batch_size=128, micro_batch_size=32, epochs=10, warmup_epochs=1,
+                   lr=1e-4, min_lr=0.0, schedule="linear", eval_interval=500, eval_samples=500, log_interval=10),
     # a CPU quick start on the arithmetic task: a few minutes on 2 cores, no download
     "tiny": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256, block_size=64,
                  vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
@@ -89,8 +105,8 @@ SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # 
 POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
             "norm_eps", "batch_size", "micro_batch_size", "max_steps", "lr", "eval_interval", "eval_tokens",
             "eval_samples", "log_interval"]
-NON_NEGATIVE = ["seed", "stop_at", "epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay", "eps", "grad_clip"]
-RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+NON_NEGATIVE = ["seed", "stop_at", "epochs", "warmup_epochs", "router_lr", "min_lr", "warmup_steps", "weight_decay",
+                "eps", "grad_clip", "router_top_p", "prune_at"]
 
 
 def flag(key):
@@ -127,7 +143,8 @@ def build_parser(configs=(TrainConfig, GPTConfig)):
 
 
 def resolve_config(argv):
-    """Flags > preset > defaults; with --resume, flags > the checkpoint's saved config."""
+    """Flags > the model shape of --init-from's run > preset > defaults; with --resume, flags > the
+    checkpoint's saved config. Returns the config and the checkpoints of --resume and --init-from."""
     given = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
     resume, overwrite = given.pop("resume"), given.pop("overwrite")
     if resume and overwrite:
@@ -135,13 +152,20 @@ def resolve_config(argv):
     preset = given.get("preset", TrainConfig.preset)
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
-    cfg = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig()), **PRESETS[preset], **given}
+    defaults = {**dataclasses.asdict(TrainConfig()), **dataclasses.asdict(GPTConfig())}
+    cfg = {**defaults, **PRESETS[preset], **given}
     cfg["preset"] = preset
+    init = None
+    if cfg["init_from"]:
+        if resume:
+            raise UsageError("--resume continues the run in --out-dir and --init-from starts a new one from another "
+                             "run's weights: give one of them")
+        init = init_checkpoint(cfg, given)
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
     problem = prepare_data.folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
-    found = [name for name in RUN_FILES if (Path(cfg["out_dir"]) / name).exists()]
+    found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite:
         raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
                          "or start over with --overwrite")
@@ -152,7 +176,7 @@ def resolve_config(argv):
             ckpt = read_checkpoint(cfg["out_dir"])
         except UsageError as e:
             raise UsageError(f"--resume: {e}") from None
-        saved = ckpt["config"]
+        saved = {**defaults, **ckpt["config"]}  # a run from before a field existed had its default
         clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items()
                  if k in saved and k not in SESSION_FIELDS and k != "max_steps" and v != saved[k]]
         if clash:
@@ -164,8 +188,27 @@ def resolve_config(argv):
         if 0 < cfg["stop_at"] <= ckpt["step"]:
             raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
     cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
+    if "prune_at" in given and not cfg["router_top_p"] > 0:
+        raise UsageError("--prune-at says when to prune: give --router-top-p too")
     check_config(cfg)
-    return cfg, ckpt
+    return cfg, ckpt, init
+
+
+def init_checkpoint(cfg, given):
+    """--init-from: the other run's checkpoint. Its model's shape replaces the preset's, so that its
+    weights fit; block_size may change (RoPE is computed, not stored). A flag that asks for another
+    shape is an error, not a silent change."""
+    try:
+        init = read_checkpoint(cfg["init_from"])
+    except UsageError as e:
+        raise UsageError(f"--init-from: {e}") from None
+    source = init["config"]
+    shape = [k for k in MODEL_FIELDS if k != "block_size"]
+    clash = [f"{k}={source[k]!r} (not {given[k]!r})" for k in shape if k in given and given[k] != source[k]]
+    if clash:
+        raise UsageError(f"--init-from: {Path(cfg['init_from']) / 'ckpt.pt'} holds a model with {', '.join(clash)}")
+    cfg.update({k: source[k] for k in shape})
+    return init
 
 
 def check_config(cfg):
@@ -179,11 +222,13 @@ def check_config(cfg):
     for key in ("beta1", "beta2"):
         if not 0 <= cfg[key] < 1:
             raise UsageError(f"{flag(key)} must be in [0, 1), got {cfg[key]}")
+    if not cfg["router_top_p"] <= 1:
+        raise UsageError(f"--router-top-p must be in (0, 1] (0: no pruning), got {cfg['router_top_p']}")
     try:
         GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})
     except ValueError as e:
         raise UsageError(str(e)) from None
-    choices = dict(data=("fineweb-edu", "shakespeare", "arithmetic"),
+    choices = dict(data=("fineweb-edu", "shakespeare", "arithmetic", "prosqa"),
                    schedule=("cosine", "linear"), dtype=("auto", "bfloat16", "float32"), compile=("auto", "on", "off"))
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
@@ -192,6 +237,9 @@ def check_config(cfg):
     if cfg["batch_size"] % (cfg["micro_batch_size"] * world):
         raise UsageError(f"--batch-size={cfg['batch_size']} is not a multiple of --micro-batch-size="
                          f"{cfg['micro_batch_size']} x {world} processes")
+    if cfg["router_top_p"] > 0 and parse_router(cfg["router"])[0] not in PRUNABLE:
+        raise UsageError(f"--router-top-p prunes learned static routers (lime, last-J, first-J), not "
+                         f"--router={cfg['router']}")
     pick_device(cfg["device"])
 
 
@@ -223,12 +271,6 @@ def learning_rate(step, cfg):
 
 # -----------------------------------------------------------------------------
 # Checkpoints and logs
-
-
-def clear_run(out_dir):
-    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
-    for name in (*RUN_FILES, "config.json", "routes.png", "entropy.png", "probe.png"):
-        (Path(out_dir) / name).unlink(missing_ok=True)
 
 
 class Log:
@@ -299,20 +341,24 @@ class Signals:
 
 class Checkpoints:
     """<out-dir>/ckpt.pt, written by rank 0 only, at most once per step, and whole even when a
-    signal comes during the write. `step` is the step of the checkpoint on disk, or None."""
+    signal comes during the write. `step` is the step of the checkpoint on disk, or None.
+    `router_mask` is the pruning mask (None until the routers are pruned), saved with the weights
+    so that a resumed run keeps exactly the same weights at zero."""
 
-    def __init__(self, out_dir, raw_model, optimizer, cfg, signals, master, step):
+    def __init__(self, out_dir, raw_model, optimizer, cfg, signals, master, step, router_mask):
         self.out_dir, self.model, self.optimizer, self.cfg = out_dir, raw_model, optimizer, cfg
-        self.signals, self.master, self.step = signals, master, step
+        self.signals, self.master, self.step, self.router_mask = signals, master, step, router_mask
 
     def save(self, step):
         if self.master and step != self.step:
             with self.signals.hold():  # a signal now waits until the file is whole
-                save_checkpoint(self.out_dir, self.model, self.optimizer, step, self.cfg)
+                save_checkpoint(self.out_dir, self.model, self.optimizer, step, self.cfg, self.router_mask)
                 self.step = step
 
 
-def train(cfg, ckpt=None, signals=None):
+def train(cfg, ckpt=None, signals=None, init=None):
+    """Train from scratch, from another run's weights (`init`, a checkpoint of --init-from) or on from
+    this run's checkpoint (`ckpt`, --resume)."""
     # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
     ddp = "RANK" in os.environ
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
@@ -334,23 +380,39 @@ def train(cfg, ckpt=None, signals=None):
 
     # data, model, optimiser
     data = load_data(cfg)
-    if isinstance(data, ArithmeticData):  # the task has to fit the model
-        if len(data.vocab.itos) > cfg["vocab_size"]:
-            raise UsageError(f"--vocab-size={cfg['vocab_size']} is smaller than the task vocabulary "
-                             f"({len(data.vocab.itos)})")
+    if isinstance(data, TaskRows):  # the task has to fit the model
+        if data.vocab_size > cfg["vocab_size"]:
+            whose = f" (the model of --init-from={cfg['init_from']})" if cfg["init_from"] else ""
+            raise UsageError(f"--vocab-size={cfg['vocab_size']}{whose} is smaller than the {cfg['data']} vocabulary "
+                             f"({data.vocab_size})")
         if data.longest > cfg["block_size"] + 1:
             raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg['block_size']}")
-        if cfg["epochs"] > 0 and ckpt is None:
-            cfg["max_steps"] = math.ceil(cfg["epochs"] * len(data.train) / cfg["batch_size"])
+        # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
+        steps_per_epoch = len(data.train) / cfg["batch_size"]
+        if cfg["epochs"] > 0 and ckpt is None:  # a resumed run has these in its saved config already
+            cfg["max_steps"] = math.ceil(cfg["epochs"] * steps_per_epoch)
+        if cfg["warmup_epochs"] > 0 and ckpt is None:
+            cfg["warmup_steps"] = math.ceil(cfg["warmup_epochs"] * steps_per_epoch)
     torch.manual_seed(cfg["seed"])
     raw_model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                                   eps=cfg["eps"], fused=device_type == "cuda")
-    step = 0
+    step, mask = 0, None
+    if init is not None:  # another run's weights (and its pruning mask, if any); our optimiser, step 0
+        try:
+            raw_model.load_state_dict(init["model"])
+        except RuntimeError as e:
+            raise UsageError(f"--init-from: {cfg['init_from']} does not fit: {str(e).splitlines()[0]}") from None
+        mask = init.get("router_mask")
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
+        step, mask = ckpt["step"], ckpt.get("router_mask")
+    if mask is not None:  # a pruned model stays pruned
+        mask = {name: keep.to(device) for name, keep in mask.items()}
+        mask_routers(raw_model, mask, optimizer)
+    if cfg["router_top_p"] > 0 and cfg["prune_at"] >= cfg["max_steps"]:
+        raise UsageError(f"--prune-at={cfg['prune_at']} is not before the last step (max_steps={cfg['max_steps']})")
     compiled = cfg["compile"] == "on" or (cfg["compile"] == "auto" and device_type == "cuda")
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
@@ -369,17 +431,29 @@ def train(cfg, ckpt=None, signals=None):
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
     peak = peak_flops(device, dtype)
     say("config: " + json.dumps(cfg))
+    if init is not None:
+        say(f"starting from the weights of {cfg['init_from']} (its step {init['step']})")
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
         f"{accum} micro-step(s) of {cfg['micro_batch_size']} per step")
 
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
-    checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None)
+    checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None,
+                              mask)
     timed_steps, timed_seconds, metrics = 0, 0.0, {}
     synchronize(device)
     window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
         while step < last_step:
+            if cfg["router_top_p"] > 0 and step == cfg["prune_at"]:
+                with signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
+                    mask = checkpoints.router_mask = prune_routers(raw_model, cfg["router_top_p"], mask)
+                    mask_routers(raw_model, mask, optimizer)
+                pruned, total = map(sum, zip(*pruned_counts(mask).values()))
+                say(f"step {step}: top-p {cfg['router_top_p']} pruning zeroed {pruned:,} of {total:,} router weights "
+                    f"({100 * pruned / total:.1f}%); they stay zero from here on")
+                if master:
+                    log.write(step=step, router_pruned=pruned, router_weights=total)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
             loss_sum = torch.zeros((), device=device)
@@ -392,10 +466,14 @@ def train(cfg, ckpt=None, signals=None):
                         loss = model(x, y)[1] / accum
                     loss.backward()
                 loss_sum += loss.detach()
+            if mask is not None:  # no gradient for a pruned weight, so it counts for nothing in the clipping either
+                mask_routers(raw_model, mask)
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             with signals.hold():  # all of an update or none of it, so a checkpoint matches its step
                 optimizer.step()
+                if mask is not None:  # exactly zero, whatever the optimiser did
+                    mask_routers(raw_model, mask)
                 step += 1
             optimizer.zero_grad(set_to_none=True)
             window_steps += 1
@@ -451,6 +529,7 @@ def train(cfg, ckpt=None, signals=None):
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], parameters=counts,
                        steps=step, tokens_seen=step * tokens_per_step, **metrics,
+                       router_pruned=None if mask is None else sum(p for p, _ in pruned_counts(mask).values()),
                        tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
                        peak_memory_bytes=peak_mem, device=device, world_size=world)
         prepare_data.atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
@@ -463,15 +542,16 @@ def train(cfg, ckpt=None, signals=None):
 
 def main(argv=None):
     try:
-        cfg, ckpt = resolve_config(argv)
+        cfg, ckpt, init = resolve_config(argv)
         with Signals() as signals:
-            return train(cfg, ckpt, signals)
+            return train(cfg, ckpt, signals, init)
     except UsageError as e:
         fail("train.py", f"error: {e}", 2)
     except prepare_data.DataError as e:
-        fail("train.py", f"error: {e}; prepare it with `python prepare_data.py {cfg['data']}"
-             f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}` "
-             "(the offline --preset=tiny needs no download)", 1)
+        how = "" if "prepare_data.py" in str(e) else (  # unless the message says how already
+            f"; prepare it with `python prepare_data.py {cfg['data']}"
+            f"{' --data-dir ' + cfg['data_dir'] if cfg['data_dir'] != 'data/' + cfg['data'] else ''}`")
+        fail("train.py", f"error: {e}{how} (the offline --preset=tiny needs no download)", 1)
     except KeyboardInterrupt as e:  # outside the training loop, where there is nothing to save
         signum = getattr(e, "signum", signal.SIGINT)
         fail("train.py", f"interrupted ({signal.Signals(signum).name})", 128 + signum)
