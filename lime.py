@@ -166,8 +166,9 @@ class Routing:
         if self.reference or router.mode == "dynamic":
             self.kvs.append(kv)
             w, sources = router.weights(x), [self.kvs[j] for j in router.sources]
-            if self.reference or w.dim() == 3:
+            if self.reference or not router.dynamic:  # (dynamic's layer 0 has a fixed identity router)
                 return route_reference(w, sources)
+            # w (B, T, n_kv, n_src): each source's (B, T, n_kv, E) K/V scaled per token and head, summed
             return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(kv)
         targets = [layer] + router.readers
         # the op adds partials to its first outputs: those targets that have a sum already come first
