@@ -27,13 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 import prepare_data
-from common import Parser, UsageError, fail, peak_flops, pick_device, synchronize
+from common import Parser, UsageError, autocast_for, fail, peak_flops, pick_device, synchronize
 from lime import GPT, GPTConfig
 
 SHAPES = {
@@ -85,7 +84,7 @@ class Runner:
 def measure(routers, shape, args, device):
     """Every router in `routers`, in this process, taking turns; one dict of figures per router."""
     is_cuda = device.startswith("cuda")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda and args.dtype == "bfloat16" else nullcontext()
+    autocast = autocast_for(device, args.dtype if is_cuda else "float32")
     B, T = shape["batch_size"], shape["block_size"]
     idx = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0)).to(device)
     runners = [Runner(r, shape, device, args.compile == "on") for r in routers]

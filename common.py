@@ -71,9 +71,10 @@ def pick_device(name):
     return name
 
 
-def autocast_for(device):
-    """bf16 autocast on CUDA, as training there uses; full precision anywhere else."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+def autocast_for(device, dtype=None):
+    """bf16 autocast if dtype is "bfloat16" (by default on CUDA, as training there uses); else full precision."""
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
 
 
 def synchronize(device):

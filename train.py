@@ -36,9 +36,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from common import (MODEL_FIELDS, PRUNABLE, Parser, UsageError, clear_run, evaluate, fail, mask_routers,
-                    peak_flops, pick_device, prune_routers, pruned_counts, read_checkpoint, run_files, save_checkpoint,
-                    synchronize)
+from common import (MODEL_FIELDS, PRUNABLE, Parser, UsageError, autocast_for, clear_run, evaluate, fail,
+                    mask_routers, peak_flops, pick_device, prune_routers, pruned_counts, read_checkpoint, run_files,
+                    save_checkpoint, synchronize)
 from lime import GPT, GPTConfig, parse_router
 from prepare_data import TaskRows, batch_rng, load_data
 
@@ -374,7 +374,7 @@ def train(cfg, ckpt=None, signals=None, init=None):
     signals = signals or Signals()  # not installed: holds nothing, and Ctrl-C is a plain KeyboardInterrupt
     accum = cfg["batch_size"] // (cfg["micro_batch_size"] * world)
     dtype = cfg["dtype"] if cfg["dtype"] != "auto" else "bfloat16" if device_type == "cuda" else "float32"
-    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    autocast = autocast_for(device, dtype)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
