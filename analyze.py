@@ -5,6 +5,7 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
     python analyze.py entropy --out-dir out/150m-lime out/150m-none   # value entropy per layer (Figure 2a)
     python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figure 2b)
     python analyze.py table   out/150m-*                               # the ablation table (Table 7)
+    python analyze.py table   out/grid/*/*                             # accuracy per tier, mean ± sd over seeds
     python analyze.py prune   --out-dir out/deep-lime --top-p 0.9      # top-p pruning of the routers (v1, Table 5)
 
 Each command prints a table; with matplotlib installed it also saves a PNG next to the
@@ -20,8 +21,8 @@ import torch
 
 import prepare_data
 from common import (Parser, UsageError, autocast_for, clear_run, evaluate, load_checkpoint, model_from, one_line_errors,
-                    pick_device, prunable_weights, prune_routers, pruned_counts, read_checkpoint, run_files,
-                    save_checkpoint)
+                    pick_device, prunable_weights, prune_routers, pruned_counts, read_checkpoint, results_table,
+                    run_files, save_checkpoint)
 from lime import route_reference
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
@@ -228,29 +229,7 @@ def cmd_probe(args):
 
 
 # -----------------------------------------------------------------------------
-# table: Table 7
-
-
-def relative_change(value, base):
-    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
-
-
-def ablation_table(summaries):
-    """Markdown: router, the metric, and its change relative to the `lime` run. The metric: accuracy on
-    a task (per operand count on arithmetic, acc on ProsQA), perplexity on language."""
-    metrics = next((m for m in (["acc_4", "acc_5", "acc_6"], ["acc"]) if all(k in s for s in summaries for k in m)),
-                   ["val_ppl"])
-    base = next((s for s in summaries if s["router"] == "lime"), None)
-    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
-    if base:
-        head += [f"change to lime ({m})" for m in metrics]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in summaries:
-        cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
-        if base:
-            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+# table: Table 7, or accuracy per tier over seeds
 
 
 def cmd_table(args):
@@ -260,7 +239,7 @@ def cmd_table(args):
         if not path.exists():
             raise UsageError(f"no {path} (is the run finished?)")
         summaries.append(json.loads(path.read_text()))
-    table = ablation_table(summaries)
+    table = results_table(summaries, args.split)
     print(table)
     return table
 
@@ -347,7 +326,9 @@ def main(argv=None):
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
         s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
-    t.add_argument("run_dirs", nargs="+", help="run folders")
+    t.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed are averaged")
+    t.add_argument("--split", choices=["test", "val"], default="test",
+                   help="arithmetic: accuracy on the test split, or on the validation split (for choosing settings)")
     s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
     s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
     s.add_argument("--top-p", type=float, default=0.9,

@@ -10,12 +10,14 @@ side by side on top. No script imports another.
 import argparse
 import math
 import re
+import statistics
 import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import prepare_data
 from lime import GPT, GPTConfig, parse_router
@@ -254,11 +256,12 @@ def greedy_accuracy(model, items, judge, stop, max_new_tokens, device, batch_siz
     return (correct[0] / correct[1].clamp(min=1)).item()
 
 
-def arithmetic_accuracy(model, vocab, lines, device, rank=0, world=1):
-    """Share of expressions whose greedy, open-ended solution ends in the right answer."""
+def arithmetic_accuracy(model, data, lines, device, rank=0, world=1):
+    """Share of expressions whose greedy, open-ended solution (or answer) ends in the right answer."""
+    vocab = data.vocab
     items = [(vocab.encode(prompt), answer) for prompt, answer in map(prepare_data.split_sample, lines)]
     return greedy_accuracy(model, items, lambda ids, answer: prepare_data.final_answer(vocab.decode(ids)) == answer,
-                           vocab.eos, model.config.block_size, device, rank=rank, world=world)
+                           vocab.eos, data.max_new_tokens, device, rank=rank, world=world)
 
 
 def prosqa_accuracy(model, data, device, rank=0, world=1):
@@ -269,19 +272,85 @@ def prosqa_accuracy(model, data, device, rank=0, world=1):
                            data.pad, data.max_new_tokens, device, rank=rank, world=world)
 
 
-def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1):
-    """Validation loss and perplexity, plus accuracy: per operand count on the arithmetic task
-    (acc_4, acc_5, acc_6), on the test questions of ProsQA (acc). `model` may be compiled or
-    wrapped; generation runs on the plain `raw_model`."""
+def evaluate(model, raw_model, data, cfg, device, autocast, rank=0, world=1, final=True):
+    """Validation loss and perplexity, plus accuracy: per tier on the arithmetic task (val_acc_4, ...
+    on the validation split; acc_4, acc_5, acc_6 on the test split), on the test questions of ProsQA
+    (acc). A run looks at its validation split at every evaluation and at its test split only at the
+    end (`final`), so the test is not what it is steered by (a folder without a validation split,
+    made before there was one, reports the test every time). `model` may be compiled or wrapped;
+    generation runs on the plain `raw_model`."""
     model.eval()
-    loss = evaluate_loss(model, data, cfg["micro_batch_size"], device, autocast, rank, world)
+    # NOTE a DDP forward syncs buffers across processes, so one process with no validation batch (fewer rows
+    # than processes x micro-batch) would hang the rest: evaluate through the module it wraps
+    plain = model.module if isinstance(model, DistributedDataParallel) else model
+    loss = evaluate_loss(plain, data, cfg["micro_batch_size"], device, autocast, rank, world)
     out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
     if isinstance(data, prepare_data.ArithmeticData):
-        for n, lines in data.tests.items():
-            with autocast:
-                out[f"acc_{n}"] = arithmetic_accuracy(raw_model, data.vocab, lines, device, rank=rank, world=world)
+        splits = [("val_", data.vals)] if data.vals else []
+        splits += [("", data.tests)] if final or not data.vals else []
+        for prefix, split in splits:
+            for n, lines in split.items():
+                with autocast:
+                    out[f"{prefix}acc_{n}"] = arithmetic_accuracy(raw_model, data, lines, device, rank, world)
     if isinstance(data, prepare_data.ProsQAData):
         with autocast:
             out["acc"] = prosqa_accuracy(raw_model, data, device, rank=rank, world=world)
     model.train()
     return out
+
+
+# -----------------------------------------------------------------------------
+# Tables of finished runs (their summary.json): analyze.py table and grid.py print them
+
+
+def relative_change(value, base):
+    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
+
+
+def results_table(summaries, split="test"):
+    """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
+    mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
+    test or the validation split), acc on ProsQA, perplexity on language. With one run per row, Table 7's
+    layout instead: the metric and its change relative to the `lime` run."""
+    prefix = "val_" if split == "val" else ""
+    acc = re.compile(rf"{prefix}acc_(\d+)")
+    tiers = set.intersection(*({int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries))
+    metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
+        (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
+    if split == "val" and not metrics[0].startswith("val_acc"):
+        raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
+                         "the validation split existed, or not arithmetic)")
+    rows = {}
+    for s in summaries:
+        task = s.get("task")
+        regime = f"{prepare_data.ArithmeticTask.from_meta(task).name}, {task['count']}" if task else ""
+        rows.setdefault((regime, s["router"]), []).append(s)
+    if all(len(runs) == 1 for runs in rows.values()) and len({regime for regime, _ in rows}) == 1:
+        return single_run_table(summaries, metrics)
+    head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics), "lime ahead, last tier (pts)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    means = {key: [statistics.mean(100 * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
+    for (regime, router), runs in rows.items():
+        cells = [regime, router, str(len(runs))]
+        for m in metrics:
+            values = [100 * s[m] for s in runs]
+            sd = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
+            cells.append(f"{statistics.mean(values):.1f}{sd}")
+        lime = means.get((regime, "lime"))
+        cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - means[regime, router][-1]:+.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def single_run_table(summaries, metrics):
+    base = next((s for s in summaries if s["router"] == "lime"), None)
+    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
+    if base:
+        head += [f"change to lime ({m})" for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
+        if base:
+            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -16,11 +16,13 @@ temporary file that is renamed only when whole and verified.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -220,34 +222,173 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
 # -----------------------------------------------------------------------------
 # The Arithmetic Expression Task
 #
-# An expression is a tree: an int, or (op, left, right). It is written with the fewest
+# An expression is a tree: a number, or (op, left, right). It is written with the fewest
 # parentheses that keep its structure, and solved one operation per step, always the
 # leftmost operation whose operands are both numbers (a post-order walk):
 #   ( 7 + 5 ) / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 12 - 2 * 7 ) = ... = 3
+# The regimes the task spans, all in ArithmeticTask and in each data folder's meta.json:
+# - field: `int`, whole numbers 1..max_operand combined into values in 0..max_value, division exact
+#   (ours); or `mod`, the integers mod a prime P, division by the modular inverse (Feng et al. 2023,
+#   which the paper's source, Arefin et al. 2024, follows: P = 11).
+# - count: what a tier's number counts, operands (ours) or operators (Feng et al.'s: 6 operators = 7 numbers).
+# - target: the whole step-by-step solution, or only the answer right after the expression's '='.
 
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
+OPS = ("+", "-", "*", "/")
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
-MAX_OPERAND = 20  # operands are drawn from 1..MAX_OPERAND
-MAX_VALUE = 999  # every intermediate value is an integer in 0..MAX_VALUE
-OPERAND_COUNTS = (4, 5, 6)
-TASK_VOCAB = ["<eos>", "=", "(", ")", *OPS, *map(str, range(MAX_VALUE + 1))]
 
 
-def random_expression(rng, n):
-    """A random tree over n operands whose every step is valid: exact division, values in range."""
-    if n == 1:
-        return rng.randint(1, MAX_OPERAND)
-    while True:
-        k = rng.randint(1, n - 1)
-        left, right = random_expression(rng, k), random_expression(rng, n - k)
-        a, b = evaluate(left), evaluate(right)
-        ops = [op for op in OPS if (op != "/" or (b > 0 and a % b == 0)) and 0 <= OPS[op](a, b) <= MAX_VALUE]
-        if ops:
-            return (rng.choice(ops), left, right)
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """One regime of the task. The defaults are the task as this repo first generated it, so that a
+    meta.json written before these knobs existed loads as what it is."""
+    field: str = "int"  # int: whole numbers, exact division; mod: the integers mod `modulus`
+    modulus: int = 11  # mod: P, a prime, so that every nonzero number has an inverse
+    max_operand: int = 20  # int: operands are drawn from 1..max_operand
+    max_value: int = 999  # int: every intermediate value is in 0..max_value
+    count: str = "operands"  # what a tier's number counts: operands or operators
+    tiers: tuple = (4, 5, 6)  # the tiers generated, trained on together and scored one by one
+    target: str = "steps"  # steps: the whole solution; answer: only the final number
+
+    def __post_init__(self):
+        object.__setattr__(self, "tiers", tuple(self.tiers))  # JSON gives a list
+        for name, choices in (("field", ("int", "mod")), ("count", ("operands", "operators")),
+                              ("target", ("steps", "answer"))):
+            if getattr(self, name) not in choices:
+                raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
+        if self.field == "mod" and not (self.modulus >= 2 and all(self.modulus % d for d in range(2, self.modulus))):
+            raise DataError(f"--modulus must be a prime (every nonzero number needs an inverse), got {self.modulus}")
+        if self.field == "int" and not 1 <= self.max_operand <= self.max_value:
+            raise DataError(f"--max-operand must be in 1..--max-value ({self.max_value}), got {self.max_operand}")
+        if not self.tiers or min(self.tiers) < (1 if self.count == "operators" else 2) or len(set(self.tiers)) < len(self.tiers):
+            raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
+
+    @classmethod
+    def from_meta(cls, meta):
+        return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
+
+    @property
+    def name(self):
+        """A short label of the regime, e.g. 'mod11-answer' or 'int-steps'."""
+        return f"{'int' if self.field == 'int' else f'mod{self.modulus}'}-{self.target}"
+
+    @property
+    def top(self):
+        """The largest number that can occur."""
+        return self.max_value if self.field == "int" else self.modulus - 1
+
+    def vocab(self):
+        return ["<eos>", "=", "(", ")", *OPS, *map(str, range(self.top + 1))]
+
+    def apply(self, op, a, b):
+        """a op b, or None where the regime does not allow it (inexact division, a value out of range)."""
+        if self.field == "mod":
+            if op == "/":  # a / b = a * b^-1: the one b with b * (a / b) = a
+                return None if b % self.modulus == 0 else a * pow(b, -1, self.modulus) % self.modulus
+            return (a + b if op == "+" else a - b if op == "-" else a * b) % self.modulus
+        if op == "/":
+            return a // b if b > 0 and a % b == 0 else None
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return value if 0 <= value <= self.max_value else None
+
+    def evaluate(self, node):
+        return node if isinstance(node, int) else self.apply(node[0], self.evaluate(node[1]), self.evaluate(node[2]))
+
+    def random_expression(self, rng, tier):
+        n = tier + 1 if self.count == "operators" else tier  # operands
+        return self.bottom_up(rng, n) if self.field == "int" else self.top_down(rng, rng.randrange(self.modulus), n - 1)
+
+    def bottom_up(self, rng, n):
+        """int: a random tree over n operands, redrawn until every step is valid."""
+        if n == 1:
+            return rng.randint(1, self.max_operand)
+        while True:
+            k = rng.randint(1, n - 1)
+            left, right = self.bottom_up(rng, k), self.bottom_up(rng, n - k)
+            a, b = self.evaluate(left), self.evaluate(right)
+            ops = [op for op in OPS if self.apply(op, a, b) is not None]
+            if ops:
+                return (rng.choice(ops), left, right)
+
+    def top_down(self, rng, answer, n_ops):
+        """mod, as Feng et al. build it: from the answer, n_ops times replace a random number x by
+        `a op b` with a and op uniform and b solved so that the value stays x ((op, a) redrawn where
+        no b exists). Every step is valid by construction, so nothing is rejected afterwards."""
+        tree = answer
+        for _ in range(n_ops):
+            k = rng.randrange(count_numbers(tree))
+            tree = replace_number(tree, k, lambda x: self.split(rng, x))
+        return tree
+
+    def split(self, rng, x):
+        P = self.modulus
+        while True:
+            op, a = rng.choice(OPS), rng.randrange(P)
+            if op == "+":
+                return (op, a, (x - a) % P)
+            if op == "-":
+                return (op, a, (a - x) % P)
+            if op == "*" and a:
+                return (op, a, x * pow(a, -1, P) % P)
+            if op == "*" and x == 0:  # 0 * b = 0 for every b
+                return (op, a, rng.randrange(P))
+            if op == "/" and x and a:  # a / b = x  <=>  b = a / x, nonzero since a is
+                return (op, a, a * pow(x, -1, P) % P)
+            if op == "/" and x == 0 and a == 0:  # 0 / b = 0 for every nonzero b
+                return (op, a, rng.randrange(1, P))
+
+    def solution(self, expr):
+        """The sample: 'EXPR = STEP = ... = ANSWER', one operation per step, or 'EXPR = ANSWER'."""
+        steps = [render(expr)]
+        while not isinstance(expr, int):
+            expr = self.solve_step(expr)
+            steps.append(render(expr))
+        return " = ".join(steps if self.target == "steps" else [steps[0], steps[-1]])
+
+    def solve_step(self, node):
+        """Carry out the leftmost operation whose operands are both numbers."""
+        op, left, right = node
+        if not isinstance(left, int):
+            return (op, self.solve_step(left), right)
+        if not isinstance(right, int):
+            return (op, left, self.solve_step(right))
+        return self.apply(op, left, right)
+
+    def parse(self, text):
+        """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3); DataError unless every step is valid in this regime."""
+        def check(n):  # bottom-up, so that an operation is only applied to valid values
+            if isinstance(n, int):
+                if n > self.top:
+                    raise DataError(f"{n} is out of the task's range 0..{self.top}")
+                return n
+            value = self.apply(n[0], check(n[1]), check(n[2]))
+            if value is None:
+                raise DataError(f"{render(n)} " + ("divides by 0" if self.field == "mod" else
+                                f"does not give a whole number in 0..{self.max_value}, as the task requires"))
+            return value
+
+        node = parse_tree(text)
+        check(node)
+        return node
 
 
-def evaluate(node):
-    return node if isinstance(node, int) else OPS[node[0]](evaluate(node[1]), evaluate(node[2]))
+# The regime `prepare_data.py arithmetic` and --preset=arith generate unless told otherwise (see the README)
+# (chosen with grid.py on the validation split: the largest lead of LIMe at the hardest tier, though within noise)
+ARITH_DEFAULTS = dict(field="mod", count="operators", tiers=(4, 5, 6), target="answer")
+# The CPU quick start (--preset=tiny) keeps the task as this repo first made it: LIMe leads there within minutes
+QUICK_START = ArithmeticTask()
+
+
+def count_numbers(node):
+    return 1 if isinstance(node, int) else count_numbers(node[1]) + count_numbers(node[2])
+
+
+def replace_number(node, k, new):
+    """node with its k-th number x (left to right) replaced by new(x)."""
+    if isinstance(node, int):
+        return new(node)
+    op, left, right = node
+    n = count_numbers(left)
+    return (op, replace_number(left, k, new), right) if k < n else (op, left, replace_number(right, k - n, new))
 
 
 def render(node, parent_prec=0, right_side=False):
@@ -260,8 +401,8 @@ def render(node, parent_prec=0, right_side=False):
     return f"( {text} )" if prec < parent_prec or (right_side and prec == parent_prec) else text
 
 
-def parse_expression(text):
-    """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3); DataError unless every step is valid for the task."""
+def parse_tree(text):
+    """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3), the structure alone; DataError unless well formed."""
     tokens, pos = text.split(), 0
 
     def parse(level):  # level 1: + -, level 2: * /, level 3: a number or ( ... )
@@ -288,63 +429,42 @@ def parse_expression(text):
     node = parse(1)
     if pos != len(tokens):
         raise DataError(f"unexpected {tokens[pos]!r} in {text!r}")
-    check = [node]
-    while check:  # every operation must give an integer in 0..MAX_VALUE, as in the task
-        n = check.pop()
-        if isinstance(n, tuple):
-            a, b = evaluate(n[1]), evaluate(n[2])
-            if (n[0] == "/" and (b == 0 or a % b)) or not 0 <= OPS[n[0]](a, b) <= MAX_VALUE:
-                raise DataError(f"{render(n)} does not give a whole number in 0..{MAX_VALUE}, as the task requires")
-            check += [n[1], n[2]]
     return node
 
 
-def solve_step(node):
-    """Carry out the leftmost operation whose operands are both numbers."""
-    op, left, right = node
-    if not isinstance(left, int):
-        return (op, solve_step(left), right)
-    if not isinstance(right, int):
-        return (op, left, solve_step(right))
-    return OPS[op](left, right)
-
-
-def solution(expr):
-    """'EXPR = STEP = ... = ANSWER': one operation per step."""
-    steps = [render(expr)]
-    while not isinstance(expr, int):
-        expr = solve_step(expr)
-        steps.append(render(expr))
-    return " = ".join(steps)
-
-
-def generate_arithmetic(seed, train_size, test_size):
-    """{'train': [lines], 'test_4': [lines], ...}; test expressions never occur in train."""
+def generate_arithmetic(task, seed, train_size, test_size):
+    """{'train': [lines], 'test_4': [lines], ..., 'val_4': [lines], ...}: train_size samples per tier
+    in train, test_size per tier in each test and validation split. No expression occurs twice
+    across splits: validation, for choosing settings, is as unseen as the test."""
     rng = random.Random(seed)
-    out = {"train": []}
-    for n in OPERAND_COUNTS:
-        out["train"] += [solution(random_expression(rng, n)) for _ in range(train_size)]
+    out = {"train": [task.solution(task.random_expression(rng, n)) for n in task.tiers for _ in range(train_size)]}
     seen = {line.split(" = ")[0] for line in out["train"]}
-    for n in OPERAND_COUNTS:
-        test = []
-        while len(test) < test_size:
-            line = solution(random_expression(rng, n))
-            if line.split(" = ")[0] not in seen:
-                seen.add(line.split(" = ")[0])
-                test.append(line)
-        out[f"test_{n}"] = test
+    for split in ("test", "val"):
+        for n in task.tiers:
+            lines, tries = [], 0
+            while len(lines) < test_size:
+                line = task.solution(task.random_expression(rng, n))
+                tries += 1
+                if line.split(" = ")[0] not in seen:
+                    seen.add(line.split(" = ")[0])
+                    lines.append(line)
+                elif tries > 100 * test_size:
+                    raise DataError(f"tier {n} has too few distinct expressions for {test_size} unseen ones: "
+                                    f"lower --test-size or --train-size")
+            out[f"{split}_{n}"] = lines
     return out
 
 
-def prepare_arithmetic(data_dir, seed=0, train_size=50_000, test_size=1000):
-    data = generate_arithmetic(seed, train_size, test_size)
+def prepare_arithmetic(data_dir, task, seed=0, train_size=50_000, test_size=1000):
+    data = generate_arithmetic(task, seed, train_size, test_size)
     for name, lines in data.items():
         path = Path(data_dir) / f"{name}.txt"
         atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
-    meta = dict(vocab=TASK_VOCAB, seed=seed, train_size=train_size, test_size=test_size)
+    meta = dict(vocab=task.vocab(), seed=seed, train_size=train_size, test_size=test_size, **dataclasses.asdict(task))
     atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
-    print(f"{Path(data_dir) / 'meta.json'}: task vocabulary of {len(TASK_VOCAB)} tokens")
+    print(f"{Path(data_dir) / 'meta.json'}: {task.name} by {task.count}, tiers {task.tiers}, "
+          f"task vocabulary of {len(meta['vocab'])} tokens")
 
 
 class TaskVocab:
@@ -359,22 +479,23 @@ class TaskVocab:
         try:
             return [self.stoi[t] for t in text.split()]
         except KeyError as e:
-            raise DataError(f"{e.args[0]!r} is not in the task vocabulary (integers 0..{MAX_VALUE}, "
-                            f"{' '.join(self.itos[1:8])})") from None
+            raise DataError(f"{e.args[0]!r} is not in the task vocabulary ({' '.join(self.itos[1:8])}, "
+                            f"numbers 0..{len(self.itos) - 9})") from None
 
     def decode(self, ids):
         return " ".join(self.itos[i] for i in ids)
 
 
 def load_arithmetic(data_dir):
-    """(vocab, {'train': [lines], 'test_4': [...], 'test_5': ..., 'test_6': ...})."""
+    """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task). A folder written
+    before the validation split existed has none."""
     data_dir = Path(data_dir)
     if not (data_dir / "meta.json").exists():
         where = "" if data_dir == Path("data/arithmetic") else f" --data-dir {data_dir}"
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
-    vocab = TaskVocab(json.loads((data_dir / "meta.json").read_text())["vocab"])
+    meta = json.loads((data_dir / "meta.json").read_text())
     splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
-    return vocab, splits
+    return TaskVocab(meta["vocab"]), splits, ArithmeticTask.from_meta(meta)
 
 
 def split_sample(line):
@@ -544,25 +665,33 @@ class TaskRows:
 
 
 class ArithmeticData(TaskRows):
-    """The arithmetic task: validation loss and accuracy on the first eval_samples test expressions of
-    each operand count."""
+    """The arithmetic task, in the regime its folder's meta.json names (`task`). Accuracy on the first
+    eval_samples expressions of each tier: `tests` from the test split, `vals` from the validation
+    split (empty for a folder made before it existed). Validation loss on the validation rows
+    (the test rows, for such an old folder)."""
 
     def __init__(self, cfg, with_train=True):
         # only training generates the task: evaluating or analysing a run reads it, like any other data
         if with_train and not (Path(cfg["data_dir"]) / "meta.json").exists() and cfg["preset"] in ("tiny", "arith"):
             print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
-            prepare_arithmetic(cfg["data_dir"])
-        self.vocab, splits = load_arithmetic(cfg["data_dir"])
-        self.T = cfg["block_size"]
+            task = QUICK_START if cfg["preset"] == "tiny" else ArithmeticTask(**ARITH_DEFAULTS)
+            prepare_arithmetic(cfg["data_dir"], task)
+        self.vocab, splits, self.task = load_arithmetic(cfg["data_dir"])
+        self.T, n = cfg["block_size"], cfg["eval_samples"]
         self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
-        self.tests = {n: splits[f"test_{n}"][: cfg["eval_samples"]] for n in OPERAND_COUNTS}
-        self.val = [self.encode_row(line) for lines in self.tests.values() for line in lines]
+        self.tests = {k: splits[f"test_{k}"][:n] for k in self.task.tiers}
+        self.vals = {k: splits[f"val_{k}"][:n] for k in self.task.tiers if f"val_{k}" in splits}
+        self.val = [self.encode_row(line) for lines in (self.vals or self.tests).values() for line in lines]
         self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
         self.longest = max(len(ids) for ids, _ in self.train + self.val)
+        # a solution ends with the end token; an answer is one token, all that is generated
+        self.max_new_tokens = cfg["block_size"] if self.task.target == "steps" else 1
 
     def encode_row(self, line):
-        """(token ids with a final <eos>, the prompt's length: up to the first '=')."""
-        return self.vocab.encode(line) + [self.vocab.eos], line.split().index("=") + 1
+        """(token ids, the prompt's length: up to the first '='). A solution ends with <eos>, which is
+        learned so that generation stops; an answer has none, so the loss covers the answer alone."""
+        end = [self.vocab.eos] if self.task.target == "steps" else []
+        return self.vocab.encode(line) + end, line.split().index("=") + 1
 
 
 class ProsQAData(TaskRows):
@@ -616,8 +745,20 @@ def main(argv=None):
                                       f"(default: {FINEWEB_URL}, {PROSQA_URL})")
     p.add_argument("--url", default=SHAKESPEARE_URL, help="shakespeare: where the text is")
     p.add_argument("--seed", type=int, default=0, help="arithmetic: generator seed")
-    p.add_argument("--train-size", type=int, default=50_000, help="arithmetic: training samples per operand count")
-    p.add_argument("--test-size", type=int, default=1000, help="arithmetic: test samples per operand count")
+    p.add_argument("--field", default=ARITH_DEFAULTS["field"], choices=["int", "mod"],
+                   help="arithmetic: int (whole numbers, exact division) or mod (the integers mod --modulus)")
+    p.add_argument("--modulus", type=int, default=11, help="arithmetic, mod: the prime P (default 11, as Feng et al.)")
+    p.add_argument("--max-operand", type=int, default=20, help="arithmetic, int: operands are drawn from 1..this")
+    p.add_argument("--max-value", type=int, default=999, help="arithmetic, int: every value stays in 0..this")
+    p.add_argument("--count", default=ARITH_DEFAULTS["count"], choices=["operands", "operators"],
+                   help="arithmetic: what a tier's number counts")
+    p.add_argument("--tiers", default=",".join(map(str, ARITH_DEFAULTS["tiers"])),
+                   help="arithmetic: the tiers to generate, comma-separated (default %(default)s)")
+    p.add_argument("--target", default=ARITH_DEFAULTS["target"], choices=["steps", "answer"],
+                   help="arithmetic: learn the whole step-by-step solution, or only the answer after '='")
+    p.add_argument("--train-size", type=int, default=50_000, help="arithmetic: training samples per tier")
+    p.add_argument("--test-size", type=int, default=1000,
+                   help="arithmetic: samples per tier in the test split, and again in the validation split")
     p.add_argument("--show", type=int, default=0, metavar="K", help="arithmetic: print K training samples")
     args = p.parse_args(argv)
     data_dir = args.data_dir or os.path.join("data", args.name)
@@ -628,6 +769,16 @@ def main(argv=None):
     for key, least in (("train_size", 1), ("test_size", 1), ("show", 0)):
         if args.name == "arithmetic" and getattr(args, key) < least:
             p.error(f"--{key.replace('_', '-')} must be >= {least}, got {getattr(args, key)}")
+    if args.name == "arithmetic":
+        try:
+            tiers = tuple(int(t) for t in args.tiers.split(","))
+        except ValueError:
+            p.error(f"--tiers must be numbers separated by commas, e.g. 4,5,6; got {args.tiers!r}")
+        try:
+            task = ArithmeticTask(args.field, args.modulus, args.max_operand, args.max_value, args.count, tiers,
+                                  args.target)
+        except DataError as e:
+            p.error(str(e))
     try:
         if args.name == "fineweb-edu":
             prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL)
@@ -636,10 +787,10 @@ def main(argv=None):
         elif args.name == "shakespeare":
             prepare_shakespeare(data_dir, args.url)
         else:
-            prepare_arithmetic(data_dir, args.seed, args.train_size, args.test_size)
+            prepare_arithmetic(data_dir, task, args.seed, args.train_size, args.test_size)
             train = load_arithmetic(data_dir)[1]["train"]
             for line in train[:: max(1, len(train) // args.show)][: args.show] if args.show > 0 else []:
-                print(line)  # spread over the file, so every operand count shows
+                print(line)  # spread over the file, so every tier shows
     except DataError as e:
         fail(f"error: {e}", 1)
     except KeyboardInterrupt:

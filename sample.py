@@ -3,7 +3,7 @@ Generates from a checkpoint of train.py, or evaluates it.
 
     python sample.py --out-dir out/tiny-lime                          # random test expressions, solved
     python sample.py --out-dir out/tiny-lime --start "( 7 + 5 ) / 3"   # your own expression
-    python sample.py --out-dir out/tiny-lime --eval                   # accuracy per operand count
+    python sample.py --out-dir out/tiny-lime --eval                   # accuracy per tier
     python sample.py --out-dir out/150m-lime --start "The meaning of" --num-samples 3
     python sample.py --out-dir out/150m-lime --eval                   # validation perplexity
     python sample.py --out-dir out/prosqa-lime --num-samples 2        # random ProsQA test questions, answered
@@ -33,7 +33,7 @@ class Codec:
     def __init__(self, cfg):
         self.arithmetic, self.prosqa = cfg["data"] == "arithmetic", cfg["data"] == "prosqa"
         if self.arithmetic:
-            self.vocab, self.splits = prepare_data.load_arithmetic(cfg["data_dir"])
+            self.vocab, self.splits, self.task = prepare_data.load_arithmetic(cfg["data_dir"])
             self.stop = self.vocab.eos
         else:
             self.enc = prepare_data.gpt2_encoding()
@@ -46,7 +46,7 @@ class Codec:
         if self.arithmetic:
             text = text.strip().removesuffix("=").strip()
             try:  # a clear error for anything that is not a task expression
-                prepare_data.parse_expression(text)
+                self.task.parse(text)
                 return self.vocab.encode(text + " =")
             except prepare_data.DataError as e:
                 raise UsageError(f"--start: {e}") from None
@@ -63,7 +63,7 @@ def prompts(args, codec, n):
     """The prompt texts: --start (text or FILE:path), else random test expressions or questions, or <|endoftext|>."""
     if args.start is None and codec.arithmetic:
         rng = random.Random(args.seed)
-        tests = [line for k in prepare_data.OPERAND_COUNTS for line in codec.splits[f"test_{k}"]]
+        tests = [line for k in codec.task.tiers for line in codec.splits[f"test_{k}"]]
         return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
     if args.start is None and codec.prosqa:
         return random.Random(args.seed).sample(list(codec.answers), min(n, len(codec.answers)))
@@ -87,6 +87,8 @@ def generate(model, codec, args, device, autocast):
         if len(ids) >= block_size:
             raise UsageError(f"the prompt is {len(ids)} tokens; the model's block size is {block_size}")
         max_new = min(args.max_new_tokens, block_size - len(ids))
+        if codec.arithmetic and codec.task.target == "answer":
+            max_new = 1  # trained on the one answer token alone: what follows it was never learned
         idx = torch.tensor([ids], device=device)
         t = time.time()
         with autocast:
@@ -97,7 +99,7 @@ def generate(model, codec, args, device, autocast):
         if codec.arithmetic:
             solution = codec.decode(new).split("<eos>")[0].strip()
             got = prepare_data.final_answer(solution)
-            answer = prepare_data.evaluate(prepare_data.parse_expression(codec.decode(ids[:-1])))
+            answer = codec.task.evaluate(codec.task.parse(codec.decode(ids[:-1])))
             verdict = "right" if got == answer else f"wrong, the answer is {answer}"
             print(f"{codec.decode(ids)} {solution}   [{verdict}] ({speed})")
         elif codec.prosqa:
@@ -127,7 +129,7 @@ def main(argv=None):
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
     p.add_argument("--eval", action="store_true", help="evaluate instead: validation loss and perplexity, and "
-                                                       "accuracy per operand count (arithmetic) or on the test "
+                                                       "accuracy per tier (arithmetic) or on the test "
                                                        "questions (prosqa)")
     with one_line_errors("sample.py"):
         args = p.parse_args(argv)

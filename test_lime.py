@@ -1,6 +1,7 @@
 """The test suite: CPU only, no network. Run with `python -m pytest -q`."""
 
 import ast
+import contextlib
 import dataclasses
 import filecmp
 import http.server
@@ -33,6 +34,7 @@ import prepare_data as pd  # noqa: E402
 import common  # noqa: E402
 import analyze  # noqa: E402
 import bench  # noqa: E402
+import grid  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from bench import saved_bytes  # noqa: E402
@@ -544,10 +546,12 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path):
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
 
 
-def evaluate_text(text):
-    """An independent evaluator for the task's text: precedence, exact division, no negatives."""
+def evaluate_text(text, modulus=None):
+    """An independent evaluator for the task's text: precedence, and either exact division and no
+    negatives, or arithmetic mod a prime with division by Fermat's inverse b^(P-2)."""
     tokens = text.split()
     pos = 0
+    top = pd.ArithmeticTask().max_value if modulus is None else modulus - 1
 
     def expr(level):
         nonlocal pos
@@ -559,16 +563,22 @@ def evaluate_text(text):
                 assert tokens[pos] == ")"
                 pos += 1
                 return value
+            assert 0 <= int(tok) <= top, text
             return int(tok)
         value = expr(level + 1)
         while pos < len(tokens) and tokens[pos] in ({"+", "-"} if level == 1 else {"*", "/"}):
             op = tokens[pos]
             pos += 1
             rhs = expr(level + 1)
-            if op == "/":
+            if modulus:
+                assert op != "/" or rhs != 0, f"division by 0 in {text}"
+                rhs = pow(rhs, modulus - 2, modulus) if op == "/" else rhs
+                op = "*" if op == "/" else op
+            elif op == "/":
                 assert rhs != 0 and value % rhs == 0, f"inexact division in {text}"
             value = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}[op](value, rhs)
-            assert 0 <= value <= pd.MAX_VALUE, text
+            value = value % modulus if modulus else value
+            assert 0 <= value <= top, text
         return value
 
     value = expr(1)
@@ -576,8 +586,24 @@ def evaluate_text(text):
     return value
 
 
+def one_operation(before, after, modulus):
+    """The (a, op, b, c) by which `after` is `before` with one operation `a op b` (or `( a op b )`)
+    replaced by its value c, or None if no single operation turns one into the other."""
+    s, t = before.split(), after.split()
+    for p in range(len(t)):  # t = s[:p] + [c] + s[len(s) - k:]
+        k = len(t) - p - 1
+        if s[:p] == t[:p] and s[len(s) - k:] == t[len(t) - k:]:
+            middle = s[p: len(s) - k]
+            if middle[:1] == ["("] and middle[-1:] == [")"]:
+                middle = middle[1:-1]
+            if len(middle) == 3 and middle[1] in "+-*/" and middle[0].isdigit() and middle[2].isdigit():
+                return int(middle[0]), middle[1], int(middle[2]), int(t[p])
+    return None
+
+
 def test_arithmetic_samples_are_correct_step_by_step():
-    data = pd.generate_arithmetic(seed=1, train_size=300, test_size=100)
+    data = pd.generate_arithmetic(pd.ArithmeticTask(), seed=1, train_size=300, test_size=100)
+    assert sorted(data) == ["test_4", "test_5", "test_6", "train", "val_4", "val_5", "val_6"]
     for name, lines in data.items():
         for line in lines:
             steps = line.split(" = ")
@@ -589,7 +615,7 @@ def test_arithmetic_samples_are_correct_step_by_step():
             assert pd.split_sample(line) == (steps[0] + " =", answer)
     assert {sum(t in pd.OPS for t in l.split(" = ")[0].split()) + 1 for l in data["test_6"]} == {6}
     train = {l.split(" = ")[0] for l in data["train"]}
-    tests = [l.split(" = ")[0] for n in (4, 5, 6) for l in data[f"test_{n}"]]
+    tests = [l.split(" = ")[0] for n in (4, 5, 6) for split in ("test", "val") for l in data[f"{split}_{n}"]]
     assert not train & set(tests) and len(set(tests)) == len(tests)
     assert any("/" in l.split(" = ")[0] for l in data["train"]) and any("(" in l for l in data["train"])
 
@@ -597,15 +623,80 @@ def test_arithmetic_samples_are_correct_step_by_step():
 def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
     pd.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20", "--show", "3"])
     pd.main(["arithmetic", "--data-dir", str(tmp_path / "b"), "--train-size", "200", "--test-size", "20"])
-    names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt"]
+    names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt", "val_4.txt", "val_6.txt"]
     assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
     shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
-    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0]) == int(l.split()[-1]) for l in shown)
-    vocab, splits = pd.load_arithmetic(tmp_path / "a")
+    vocab, splits, task = pd.load_arithmetic(tmp_path / "a")
+    assert task == pd.ArithmeticTask(**pd.ARITH_DEFAULTS)
+    modulus = task.modulus if task.field == "mod" else None
+    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
     line = splits["test_5"][0]
     assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 600
     with pytest.raises(pd.DataError, match="'1000' is not in the task vocabulary"):
         vocab.encode("1000 + 1")
+
+
+@pytest.mark.parametrize("target", ["steps", "answer"])
+def test_mod_samples_check_out_with_an_independent_evaluator(target):
+    P = 11
+    task = pd.ArithmeticTask(field="mod", modulus=P, count="operators", tiers=(1, 4, 6), target=target)
+    data = pd.generate_arithmetic(task, seed=3, train_size=300, test_size=50)
+    divisions = 0
+    for name, lines in data.items():
+        for line in lines:
+            steps = line.split(" = ")
+            answer = int(steps[-1])
+            n_ops = [sum(t in "+-*/" for t in step.split()) for step in steps]
+            assert n_ops[0] in (1, 4, 6) and (name == "train" or n_ops[0] == int(name[-1]))  # tiers count operators
+            assert all(evaluate_text(step, P) == answer for step in steps)
+            if target == "answer":
+                assert len(steps) == 2 and n_ops[1] == 0
+                continue
+            assert n_ops == list(range(n_ops[0], -1, -1))
+            for before, after in zip(steps, steps[1:]):  # each step carries out exactly one operation, right
+                a, op, b, c = one_operation(before, after, P)
+                assert c == {"+": (a + b) % P, "-": (a - b) % P, "*": a * b % P}[op] if op != "/" else c * b % P == a
+                divisions += op == "/"
+    assert target == "answer" or divisions > 100
+    assert task.parse("3 / 4") == ("/", 3, 4) and task.evaluate(("/", 3, 4)) == 9  # 4 * 9 = 36 = 3 mod 11
+    with pytest.raises(pd.DataError, match="divides by 0"):
+        task.parse("3 / ( 2 - 2 )")
+    with pytest.raises(pd.DataError, match="11 is out of the task's range 0..10"):
+        task.parse("11 + 1")
+
+
+def test_answer_target_loss_covers_only_the_answer(tmp_path):
+    task = pd.ArithmeticTask(field="mod", count="operators", tiers=(2, 3), target="answer")
+    pd.prepare_arithmetic(tmp_path, task, seed=0, train_size=40, test_size=5)
+    data = pd.ArithmeticData(dict(data_dir=str(tmp_path), block_size=24, eval_samples=5, preset="arith"))
+    assert data.max_new_tokens == 1 and sorted(data.vals) == [2, 3]
+    lines = (tmp_path / "train.txt").read_text().splitlines()
+    x, y = data.collate([data.encode_row(line) for line in lines])
+    for line, xi, yi in zip(lines, x, y):
+        expr, answer = line.split(" = ")
+        n = len(expr.split()) + 1  # the prompt: the expression and '='
+        assert yi.tolist() == [-1] * (n - 1) + [data.vocab.stoi[answer]] + [-1] * (24 - n)
+        assert data.vocab.decode(xi[:n].tolist()) == expr + " ="
+    steps = pd.ArithmeticData(dict(data_dir=str(tmp_path), block_size=24, eval_samples=5, preset="arith"))
+    steps.task = dataclasses.replace(task, target="steps")  # the same rows as solutions end with <eos>, learned too
+    assert [t for t in steps.collate([steps.encode_row(lines[0])])[1][0].tolist() if t >= 0][-1] == steps.vocab.eos
+
+
+def test_a_data_folder_from_before_the_knobs_loads_as_it_was(tmp_path, capsys):
+    """meta.json used to hold only the vocabulary, seed and sizes, and there was no validation split."""
+    pd.main(["arithmetic", "--data-dir", str(tmp_path), "--field=int", "--count=operands", "--target=steps",
+             "--tiers=4,5,6", "--train-size", "30", "--test-size", "4"])
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    (tmp_path / "meta.json").write_text(json.dumps({k: meta[k] for k in ("vocab", "seed", "train_size", "test_size")}))
+    for p in tmp_path.glob("val_*.txt"):
+        p.unlink()
+    cfg = dict(data_dir=str(tmp_path), block_size=64, eval_samples=4, preset="arith")
+    data = pd.ArithmeticData(cfg)
+    assert data.task == pd.ArithmeticTask() and data.task.name == "int-steps" and data.vals == {}
+    assert data.val == [data.encode_row(line) for n in (4, 5, 6) for line in data.tests[n]]  # val loss on test
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=32, block_size=64, vocab_size=1024))
+    metrics = common.evaluate(model, model, data, dict(micro_batch_size=8), "cpu", contextlib.nullcontext())
+    assert sorted(metrics) == ["acc_4", "acc_5", "acc_6", "val_loss", "val_ppl"]
 
 
 def test_final_answer_parsing():
@@ -622,14 +713,14 @@ def test_final_answer_parsing():
 @pytest.fixture(scope="session")
 def arith_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("arith")
-    pd.prepare_arithmetic(path, seed=0, train_size=100, test_size=10)
+    pd.prepare_arithmetic(path, pd.ArithmeticTask(), seed=0, train_size=100, test_size=10)
     return path
 
 
 def tiny_args(arith_dir, out_dir, *extra):
     return ["--preset=tiny", f"--data-dir={arith_dir}", f"--out-dir={out_dir}", "--n-layer=2", "--n-head=2",
             "--n-kv-head=2", "--n-embd=32", "--mlp-hidden=64", "--batch-size=8", "--micro-batch-size=4",
-            "--max-steps=12", "--eval-interval=6", "--eval-samples=2", "--log-interval=1", "--warmup-steps=2", *extra]
+            "--max-steps=12", "--eval-interval=6", "--eval-samples=1", "--log-interval=1", "--warmup-steps=2", *extra]
 
 
 def read_log(out_dir):
@@ -647,9 +738,11 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
     assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["router"] == "lime" and summary["steps"] == 40 and summary["tokens_seen"] == 40 * 8 * 64
-    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "tokens_per_s", "peak_memory_bytes"} <= set(summary)
+    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_6", "tokens_per_s", "peak_memory_bytes"} <= set(summary)
+    assert pd.ArithmeticTask.from_meta(summary["task"]) == pd.ArithmeticTask() and summary["seed"] == 1337
     evals = [r for r in read_log(out) if "val_loss" in r]
     assert [r["step"] for r in evals] == [20, 40] and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert "val_acc_6" in evals[0] and "acc_6" not in evals[0] and "acc_6" in evals[-1]  # the test split at the end
     config = json.loads((out / "config.json").read_text())
     assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
 
@@ -769,7 +862,7 @@ def test_a_config_field_without_a_comment_and_a_bool_still_work():
 def test_no_script_imports_another():
     """lime.py, kernels.py and prepare_data.py at the bottom, common.py above them, the scripts on top."""
     floors = {"lime": {"kernels"}, "kernels": set(), "prepare_data": set(), "common": {"lime", "prepare_data"},
-              **dict.fromkeys(["train", "sample", "bench", "analyze"], {"lime", "prepare_data", "common"})}
+              **dict.fromkeys(["train", "sample", "bench", "analyze", "grid"], {"lime", "prepare_data", "common"})}
     for name, allowed in floors.items():
         tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
         imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
@@ -844,7 +937,7 @@ def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
     again = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
     assert first == again and len(first) == 4
     model = common.load_checkpoint(arith_run, "cpu")[1]
-    vocab, _ = pd.load_arithmetic(json.loads((arith_run / "config.json").read_text())["data_dir"])
+    vocab = pd.load_arithmetic(json.loads((arith_run / "config.json").read_text())["data_dir"])[0]
     for ids in first:
         n_prompt = ids.index(vocab.stoi["="]) + 1
         ref = model.generate(torch.tensor([ids[:n_prompt]]), 64 - n_prompt, temperature=0, stop=vocab.eos)
@@ -862,7 +955,8 @@ def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
 def test_sample_eval_matches_train(arith_run, language_run, capsys):
     summary = json.loads((arith_run / "summary.json").read_text())
     metrics = sample.main(["--out-dir", str(arith_run), "--eval"])
-    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl", "acc_4", "acc_5", "acc_6")}
+    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_4",
+                                               "val_acc_5", "val_acc_6")}
     summary = json.loads((language_run / "summary.json").read_text())
     metrics = sample.main(["--out-dir", str(language_run), "--eval"])
     assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
@@ -886,7 +980,7 @@ def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path)
     (["--start", "1 + " * 40 + "1"], "the prompt is 82 tokens; the model's block size is 64"),
     (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
     (["--start", "7 + x"], "expected a number, got 'x'"),
-    (["--start", "1000 - 1"], "'1000' is not in the task vocabulary"),
+    (["--start", "1000 - 1"], "1000 is out of the task's range 0..999"),
     (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
 ])
 def test_sample_bad_input(arith_run, capsys, args, message):
@@ -1046,6 +1140,58 @@ def test_ablation_table(tmp_path, capsys):
     assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys))
 
 
+def test_table_averages_over_seeds(tmp_path):
+    dirs = []
+    for regime, field in (("mod", "mod"), ("int", "int")):
+        task = dataclasses.asdict(pd.ArithmeticTask(field=field, count="operators", target="answer"))
+        for router, accs in (("lime", (0.50, 0.60, 0.70)), ("none", (0.20, 0.30, 0.40))):
+            for seed, acc in enumerate(accs):
+                d = tmp_path / regime / f"{router}-{seed}"
+                d.mkdir(parents=True)
+                summary = dict(router=router, task=task, seed=seed, acc_4=0.9, acc_5=0.8, acc_6=acc, val_acc_4=0.9,
+                               val_acc_5=0.8, val_acc_6=acc - 0.1)
+                (d / "summary.json").write_text(json.dumps(summary))
+                dirs.append(str(d))
+    table = analyze.main(["table", *dirs])
+    assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
+    assert "| mod11-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
+    assert "| int-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    assert "| mod11-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    val = analyze.main(["table", "--split", "val", *dirs])
+    assert "| int-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+
+
+def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys):
+    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none", "--seeds", "1",
+            "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
+            "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
+            "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
+            "--micro-batch-size=8", "--log-interval=1"]
+    tables = grid.main(args)
+    out = capsys.readouterr().out
+    runs = tmp_path / "out" / "mod11-answer-operators"
+    assert sorted(p.name for p in runs.iterdir()) == ["lime-seed1", "none-seed1"]
+    for run in runs.iterdir():
+        config = json.loads((run / "config.json").read_text())
+        assert (config["vocab_size"], config["max_steps"], config["block_size"] % 8) == (24, 5, 0)  # 80 samples / 8 / 2
+        assert json.loads((run / "summary.json").read_text())["task"]["field"] == "mod"
+        assert "done:" in (run / "train.out").read_text()
+    assert "grid: 2 runs, 0 finished before; 2 to go" in out and "[2/2]" in out
+    assert tables["val"].splitlines()[0] == "| router | val_acc_2 | val_acc_3 | change to lime (val_acc_2) | change to lime (val_acc_3) |"
+    before = snapshot(runs)
+    assert grid.main(args) == tables and snapshot(runs) == before  # finished runs are kept, not redone
+    assert "2 finished before; 0 to go" in capsys.readouterr().out
+
+
+def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys):
+    shutil.copytree(arith_dir, tmp_path / "int-steps-operands")  # 100 samples a tier, not the grid's 20000
+    before = snapshot(tmp_path)
+    err = error_of(grid.main, ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                               str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
+    assert err.startswith("grid.py: error: ") and "holds other arithmetic data" in err and "--data-root" in err
+    assert snapshot(tmp_path) == before
+
+
 def test_peak_flops_only_for_known_devices(monkeypatch):
     names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device])
@@ -1091,6 +1237,17 @@ BAD_INPUTS = [
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--show", "-1"], 2,
      "--show must be >= 0, got -1"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--field=mod", "--modulus=12"], 2,
+     "--modulus must be a prime"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--tiers=4,x"], 2,
+     "--tiers must be numbers separated by commas"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--target=both"], 2,
+     "invalid choice: 'both'"),
+    ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
+     "--field must be int or mod, got 'real'"),
+    ("grid", lambda a, r, t: ["--seeds", "1,two", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
+     "--seeds and --tiers take numbers"),
+
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
@@ -1126,7 +1283,8 @@ def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, t
     monkeypatch.setattr(torch.version, "cuda", None)  # what a CPU-only build says, even on a GPU machine
     (tmp_path / "notes.md").write_text("not a folder")
     before = snapshot(arith_dir, arith_run, tmp_path)
-    main = {"train": train.main, "sample": sample.main, "prepare_data": pd.main, "analyze": analyze.main}[script]
+    main = {"train": train.main, "sample": sample.main, "prepare_data": pd.main, "analyze": analyze.main,
+            "grid": grid.main}[script]
     err = error_of(main, argv(arith_dir, arith_run, tmp_path), capsys, code)
     assert err.startswith(f"{script}.py: error: ") and message in err
     assert snapshot(arith_dir, arith_run, tmp_path) == before

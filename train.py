@@ -69,7 +69,7 @@ class TrainConfig:
     prune_at: int = 0  # with --router-top-p: the step at which to prune; pruned weights stay zero after it
     eval_interval: int = 500  # evaluate and save a checkpoint every this many steps
     eval_tokens: int = 2_097_152  # language data: validation tokens (fixed windows from the start of val)
-    eval_samples: int = 1000  # arithmetic: test expressions per operand count for accuracy; prosqa: test questions
+    eval_samples: int = 1000  # arithmetic: expressions per tier for accuracy (test and validation); prosqa: test questions
     log_interval: int = 10  # print a progress line every this many steps
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 on CUDA, else float32), bfloat16, float32
@@ -97,7 +97,7 @@ PRESETS = {
     "prosqa": dict(data="prosqa", block_size=1024, batch_size=128, micro_batch_size=32, epochs=10, warmup_epochs=1,
                    lr=1e-4, min_lr=0.0, schedule="linear", eval_interval=500, eval_samples=500, log_interval=10),
     # a CPU quick start on the arithmetic task: a few minutes on 2 cores, no download
-    "tiny": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256, block_size=64,
+    "tiny": dict(data="arithmetic", data_dir="data/arithmetic-quick", n_layer=4, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256, block_size=64,
                  vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
                  min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
 }
@@ -431,6 +431,9 @@ def train(cfg, ckpt=None, signals=None, init=None):
     tokens_per_step = cfg["batch_size"] * cfg["block_size"]
     peak = peak_flops(device, dtype)
     say("config: " + json.dumps(cfg))
+    if isinstance(data, prepare_data.ArithmeticData):
+        t = data.task
+        say(f"task: {t.name}, tiers {', '.join(map(str, t.tiers))} {t.count} ({cfg['data_dir']}/meta.json)")
     if init is not None:
         say(f"starting from the weights of {cfg['init_from']} (its step {init['step']})")
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
@@ -497,7 +500,8 @@ def train(cfg, ckpt=None, signals=None, init=None):
 
             if step % cfg["eval_interval"] == 0 or step == cfg["max_steps"]:
                 t = time.time()
-                metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
+                metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world,
+                                   final=step == cfg["max_steps"])
                 if master:
                     log.write(step=step, **metrics)
                 say(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
@@ -527,7 +531,9 @@ def train(cfg, ckpt=None, signals=None, init=None):
     elif master:
         peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], parameters=counts,
+        task = dict(task=dataclasses.asdict(data.task)) if isinstance(data, prepare_data.ArithmeticData) else {}
+        summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], **task, seed=cfg["seed"],
+                       parameters=counts,
                        steps=step, tokens_seen=step * tokens_per_step, **metrics,
                        router_pruned=None if mask is None else sum(p for p, _ in pruned_counts(mask).values()),
                        tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),

@@ -1,0 +1,171 @@
+"""
+The arithmetic task's regimes, LIMe against the baseline over several seeds, in one command.
+
+    python grid.py                                         # {int, mod 11} x {steps, answer}, lime and none, 3 seeds
+    python grid.py --targets answer --epochs 4 -- --batch-size 32   # after '--': flags for every train.py run
+
+For each regime it generates one data folder (`<data-root>/<regime>`, the same expressions for every
+seed and router), then trains `train.py --preset=arith` once per router and seed, in parallel
+processes (`--jobs`), each into `<out-dir>/<regime>/<router>-seed<N>` with its output in train.out
+there. Finally it prints accuracy per tier, mean ± sd over seeds, on the validation split (what a
+setting is chosen on) and on the test split (what is reported); `python analyze.py table
+<out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
+interrupted one resumes from its checkpoint.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import prepare_data
+from common import Parser, UsageError, one_line_errors, results_table, run_files
+
+
+def regimes(args):
+    """(folder name, ArithmeticTask) for every field and target asked for."""
+    tiers = tuple(int(t) for t in args.tiers.split(","))
+    out = []
+    for field in args.fields.split(","):
+        for target in args.targets.split(","):
+            task = prepare_data.ArithmeticTask(field=field, modulus=args.modulus, count=args.count, tiers=tiers,
+                                               target=target)
+            out.append((f"{task.name}-{task.count}", task))
+    return out
+
+
+def prepare(data_dir, task, args):
+    """Generate the regime's data once; reuse a folder that holds exactly this regime, refuse any other."""
+    want = dict(seed=0, train_size=args.train_size, test_size=args.test_size, **dataclasses.asdict(task))
+    meta_path = data_dir / "meta.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        have = {k: tuple(v) if isinstance(v, list) else v for k, v in meta.items() if k in want}
+        if have != want:
+            raise UsageError(f"{data_dir} holds other arithmetic data ({have}); give another --data-root")
+        return
+    print(f"grid: generating {data_dir}")
+    prepare_data.prepare_arithmetic(data_dir, task, 0, args.train_size, args.test_size)
+
+
+def model_fit(data_dir):
+    """(block size, vocabulary size): the smallest multiples of 8 that hold the longest sample and the
+    regime's vocabulary. Padding costs as much as tokens, and an output row per unused token too."""
+    vocab, splits, _ = prepare_data.load_arithmetic(data_dir)
+    longest = max(len(line.split()) + 1 for lines in splits.values() for line in lines)
+    return -(-longest // 8) * 8, -(-len(vocab.itos) // 8) * 8
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = Parser(prog="grid.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fields", default="int,mod", help="comma-separated: int, mod")
+    p.add_argument("--targets", default="steps,answer", help="comma-separated: steps, answer")
+    p.add_argument("--count", default="operators", choices=["operands", "operators"], help="what a tier counts")
+    p.add_argument("--tiers", default="4,5,6", help="the tiers, comma-separated; one model learns all of them")
+    p.add_argument("--modulus", type=int, default=11, help="the prime of the mod field")
+    p.add_argument("--train-size", type=int, default=20_000, help="training samples per tier")
+    p.add_argument("--test-size", type=int, default=500, help="samples per tier in the test and validation splits")
+    p.add_argument("--routers", default="lime,none", help="comma-separated router modes to compare")
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated train.py seeds (weights and data order)")
+    p.add_argument("--epochs", type=float, default=2.0, help="training epochs of every run")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="runs at a time (default: one per CPU core, each on one thread)")
+    p.add_argument("--out-dir", default="out/grid", help="where the runs go")
+    p.add_argument("--data-root", default="data/grid", help="where each regime's data folder goes")
+    with one_line_errors("grid.py"):
+        args = p.parse_args(argv)
+        if args.jobs < 1 or args.epochs <= 0 or args.train_size < 1 or args.test_size < 1:
+            raise UsageError("--jobs, --epochs, --train-size and --test-size must be positive")
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+            grid = regimes(args)
+        except ValueError as e:
+            raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
+        except prepare_data.DataError as e:
+            raise UsageError(str(e)) from None
+        routers = args.routers.split(",")
+        runs = []
+        for name, task in grid:
+            data_dir = Path(args.data_root) / name
+            prepare(data_dir, task, args)
+            for router in routers:
+                for seed in seeds:
+                    runs.append((name, router, seed, data_dir, *model_fit(data_dir)))
+        return run_grid(runs, args, extra)
+
+
+def run_grid(runs, args, extra):
+    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+    todo, running, failed, started = [], {}, [], time.time()
+    dirs = []
+    for name, router, seed, data_dir, block, vocab in runs:
+        out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+        dirs.append(out)
+        if (out / "summary.json").exists():
+            continue  # finished: kept, never redone
+        cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--preset=arith", f"--router={router}",
+               f"--seed={seed}", f"--data-dir={data_dir}", f"--out-dir={out}", f"--epochs={args.epochs}",
+               f"--block-size={block}", f"--vocab-size={vocab}", f"--eval-samples={args.test_size}", *extra]
+        if (out / "ckpt.pt").exists():
+            cmd.append("--resume")
+        elif run_files(out):
+            cmd.append("--overwrite")  # started, but killed before its first checkpoint: nothing to keep
+        todo.append((f"{name} {router} seed {seed}", out, cmd))
+    print(f"grid: {len(runs)} runs, {len(runs) - len(todo)} finished before; {len(todo)} to go, {args.jobs} at a "
+          f"time on {threads} thread(s) each; each run's output in <run>/train.out under {args.out_dir}")
+    done = len(runs) - len(todo)
+    try:
+        while todo or running:
+            while todo and len(running) < args.jobs:
+                label, out, cmd = todo.pop(0)
+                out.mkdir(parents=True, exist_ok=True)
+                log = open(out / "train.out", "a")
+                running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (label, out, log,
+                                                                                                time.time())
+            time.sleep(0.2)
+            for proc in [q for q in running if q.poll() is not None]:
+                label, out, log, t = running.pop(proc)
+                log.close()
+                done += 1
+                if proc.returncode == 0 and (out / "summary.json").exists():
+                    s = json.loads((out / "summary.json").read_text())
+                    accs = ", ".join(f"{split} " + " / ".join(f"{100 * v:.1f}" for k, v in s.items()
+                                                                if re.fullmatch(prefix + r"acc_\d+", k)) + "%"
+                                     for split, prefix in (("test", ""), ("val", "val_")))
+                    print(f"[{done}/{len(runs)}] {label}: {accs} ({(time.time() - t) / 60:.1f} min)", flush=True)
+                else:
+                    lines = (out / "train.out").read_text().strip().splitlines() or ["(no output)"]
+                    failed.append(label)
+                    print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
+    except KeyboardInterrupt:
+        for proc in running:
+            proc.send_signal(2)  # each run saves a checkpoint (train.py handles SIGINT)
+        for proc in running:
+            proc.wait()
+        print("grid.py: interrupted; run the same command again to go on", file=sys.stderr)
+        raise SystemExit(130)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs if (d / "summary.json").exists()]
+    print(f"grid: {len(summaries)} of {len(runs)} runs finished in {(time.time() - started) / 60:.1f} min")
+    tables = {}
+    if summaries:
+        for split in ("val", "test"):
+            tables[split] = results_table(summaries, split)
+            print(f"\naccuracy per tier (%), {split} split, mean ± sd over seeds:\n{tables[split]}")
+    if failed:
+        print(f"grid.py: error: {len(failed)} run(s) failed: {'; '.join(failed)} (see train.out in each)",
+              file=sys.stderr)
+        raise SystemExit(1)
+    return tables
+
+
+if __name__ == "__main__":
+    main()
