@@ -234,7 +234,7 @@ def cmd_probe(args):
 
 def cmd_table(args):
     summaries = []
-    for d in args.run_dirs:
+    for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs):  # a folder given twice is still one run
         path = Path(d) / "summary.json"
         if not path.exists():
             raise UsageError(f"no {path} (is the run finished?)")

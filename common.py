@@ -324,20 +324,25 @@ def results_table(summaries, split="test"):
     for s in summaries:
         task = s.get("task")
         regime = f"{prepare_data.ArithmeticTask.from_meta(task).name}, {task['count']}" if task else ""
-        rows.setdefault((regime, s["router"]), []).append(s)
-    if all(len(runs) == 1 for runs in rows.values()) and len({regime for regime, _ in rows}) == 1:
+        # runs that differ in anything but the seed are not averaged: not in preset, length or tiers
+        rows.setdefault((regime, s["router"], s.get("preset"), s.get("steps")), []).append(s)
+    if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
         return single_run_table(summaries, metrics)
-    head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics), "lime ahead, last tier (pts)"]
+    accuracy = metrics[0] != "val_ppl"
+    scale = 100 if accuracy else 1  # accuracies in %
+    head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
+    head += ["lime ahead, last tier (pts)"] if accuracy else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    means = {key: [statistics.mean(100 * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
-    for (regime, router), runs in rows.items():
+    means = {key: [statistics.mean(scale * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
+    for (regime, router, *_), runs in rows.items():
         cells = [regime, router, str(len(runs))]
         for m in metrics:
-            values = [100 * s[m] for s in runs]
-            sd = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
-            cells.append(f"{statistics.mean(values):.1f}{sd}")
-        lime = means.get((regime, "lime"))
-        cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - means[regime, router][-1]:+.1f}")
+            values = [scale * s[m] for s in runs]
+            sd = f" ± {statistics.stdev(values):.{1 if accuracy else 3}f}" if len(values) > 1 else ""
+            cells.append(f"{statistics.mean(values):.{1 if accuracy else 3}f}{sd}")
+        lime = means.get((regime, "lime", *_))
+        if accuracy:
+            cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - means[regime, router, *_][-1]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

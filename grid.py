@@ -10,7 +10,8 @@ processes (`--jobs`), each into `<out-dir>/<regime>/<router>-seed<N>` with its o
 there. Finally it prints accuracy per tier, mean ± sd over seeds, on the validation split (what a
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
-interrupted one resumes from its checkpoint.
+interrupted one resumes from its checkpoint. A finished run is kept whatever the new flags say, so give
+another --out-dir for another budget.
 """
 
 import argparse
@@ -31,8 +32,8 @@ def regimes(args):
     """(folder name, ArithmeticTask) for every field and target asked for."""
     tiers = tuple(int(t) for t in args.tiers.split(","))
     out = []
-    for field in args.fields.split(","):
-        for target in args.targets.split(","):
+    for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
+        for target in dict.fromkeys(args.targets.split(",")):
             task = prepare_data.ArithmeticTask(field=field, modulus=args.modulus, count=args.count, tiers=tiers,
                                                target=target)
             out.append((f"{task.name}-{task.count}", task))
@@ -85,13 +86,13 @@ def main(argv=None):
         if args.jobs < 1 or args.epochs <= 0 or args.train_size < 1 or args.test_size < 1:
             raise UsageError("--jobs, --epochs, --train-size and --test-size must be positive")
         try:
-            seeds = [int(s) for s in args.seeds.split(",")]
+            seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
             grid = regimes(args)
         except ValueError as e:
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
         except prepare_data.DataError as e:
             raise UsageError(str(e)) from None
-        routers = args.routers.split(",")
+        routers = list(dict.fromkeys(args.routers.split(",")))
         runs = []
         for name, task in grid:
             data_dir = Path(args.data_root) / name

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -895,10 +896,18 @@ def test_learning_rate_schedules():
 
 def test_two_process_ddp_on_cpu(arith_dir, tmp_path):
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           *tiny_args(arith_dir, out, "--max-steps=4", "--eval-interval=4")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [sys.executable, "train.py", *tiny_args(arith_dir, out, "--max-steps=4", "--eval-interval=4")]
+    # the environment torchrun gives each process, set here: torchrun's own start (a third torch import) costs seconds
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    result = types.SimpleNamespace(returncode=max(p.returncode for p in procs), stdout=outputs[0][0] + outputs[1][0],
+                                   stderr=outputs[0][1] + outputs[1][1])
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 process(es)" in result.stdout and result.stdout.count("step 4/4") == 1  # only rank 0 prints
     summary = json.loads((out / "summary.json").read_text())
@@ -1158,6 +1167,15 @@ def test_table_averages_over_seeds(tmp_path):
     assert "| int-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
     assert "| mod11-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
     val = analyze.main(["table", "--split", "val", *dirs])
+    twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
+    assert "| mod11-answer, operators | lime | 3 |" in twice and "| 6 |" not in twice
+    lang = []
+    for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
+        lang.append(tmp_path / f"{preset}-{router}")
+        lang[-1].mkdir()
+        (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
+    table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
+    assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
     assert "| int-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
 
@@ -1181,6 +1199,19 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     before = snapshot(runs)
     assert grid.main(args) == tables and snapshot(runs) == before  # finished runs are kept, not redone
     assert "2 finished before; 0 to go" in capsys.readouterr().out
+
+
+def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(arith_dir, arith_run, tmp_path, capsys):
+    run = tmp_path / "cut"
+    shutil.copytree(arith_run, run)
+    (run / "summary.json").unlink()  # as when a signal came during the last evaluation: ckpt at max_steps, no summary
+    train.main(tiny_args(arith_dir, run, "--resume", "--max-steps=6"))
+    old, new = (json.loads((d / "summary.json").read_text()) for d in (arith_run, run))
+    assert {k: new[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")} == \
+        {k: old[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")}
+    assert "step 1/" not in capsys.readouterr().out  # no training step was taken
+    err = error_of(train.main, tiny_args(arith_dir, run, "--resume", "--max-steps=6"), capsys)  # finished now
+    assert "already at max_steps=6" in err
 
 
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys):

@@ -183,7 +183,8 @@ def resolve_config(argv):
             raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
         cfg = {**saved, **{k: v for k, v in given.items() if k in SESSION_FIELDS or k == "max_steps"}}
         cfg["stop_at"] = given.get("stop_at", 0)
-        if ckpt["step"] >= cfg["max_steps"]:
+        finished = (Path(cfg["out_dir"]) / "summary.json").exists()
+        if ckpt["step"] > cfg["max_steps"] or (ckpt["step"] == cfg["max_steps"] and finished):
             raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
         if 0 < cfg["stop_at"] <= ckpt["step"]:
             raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
@@ -447,6 +448,10 @@ def train(cfg, ckpt=None, signals=None, init=None):
     synchronize(device)
     window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
+        if step == cfg["max_steps"]:  # resumed after a cut in the final evaluation: that is all there is left to do
+            metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
+            if master:
+                log.write(step=step, **metrics)
         while step < last_step:
             if cfg["router_top_p"] > 0 and step == cfg["prune_at"]:
                 with signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
