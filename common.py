@@ -333,16 +333,17 @@ def results_table(summaries, split="test"):
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
     head += ["lime ahead, last tier (pts)"] if accuracy else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    digits = 1 if accuracy else 3
     means = {key: [statistics.mean(scale * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
-    for (regime, router, *_), runs in rows.items():
+    for (regime, router, *rest), runs in rows.items():
+        mean = means[regime, router, *rest]
         cells = [regime, router, str(len(runs))]
-        for m in metrics:
-            values = [scale * s[m] for s in runs]
-            sd = f" ± {statistics.stdev(values):.{1 if accuracy else 3}f}" if len(values) > 1 else ""
-            cells.append(f"{statistics.mean(values):.{1 if accuracy else 3}f}{sd}")
-        lime = means.get((regime, "lime", *_))
+        for m, mu in zip(metrics, mean):
+            sd = f" ± {statistics.stdev(scale * s[m] for s in runs):.{digits}f}" if len(runs) > 1 else ""
+            cells.append(f"{mu:.{digits}f}{sd}")
+        lime = means.get((regime, "lime", *rest))
         if accuracy:
-            cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - means[regime, router, *_][-1]:+.1f}")
+            cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - mean[-1]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

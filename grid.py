@@ -97,9 +97,8 @@ def main(argv=None):
         for name, task in grid:
             data_dir = Path(args.data_root) / name
             prepare(data_dir, task, args)
-            for router in routers:
-                for seed in seeds:
-                    runs.append((name, router, seed, data_dir, *model_fit(data_dir)))
+            fit = model_fit(data_dir)  # reads the whole folder: once per regime
+            runs += [(name, router, seed, data_dir, *fit) for router in routers for seed in seeds]
         return run_grid(runs, args, extra)
 
 
