@@ -6,6 +6,7 @@ Speed and memory of every router mode against the LLaMA baseline (`none`).
     python bench.py --device cuda --shape 1b          # Table 3's 1B shape with GQA (32 heads, 8 kv heads)
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
+    python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
 
 A training step is forward + backward + AdamW (fused on CUDA), timed from a synchronised
 device to a synchronised device. The median step is reported with its ratio to `none` (or
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 import prepare_data
 from common import Parser, UsageError, autocast_for, fail, peak_flops, pick_device, synchronize
 from lime import GPT, GPTConfig
@@ -137,6 +139,57 @@ def measure_alone(router, shape, args, argv):
         return json.loads(out.read_text())[0]
 
 
+def time_op(fn, device, repeats):
+    """Median milliseconds of fn() over `repeats` calls, after three untimed ones."""
+    times = []
+    for i in range(3 + repeats):
+        synchronize(device)
+        t = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times[3:])
+
+
+def measure_kernels(shape, args, device):
+    """The routing op alone, forward and backward, for `lime`'s first, middle and last layer at the
+    shape's slot (one layer's K/V), in slot passes per second next to a plain copy. Bytes counted:
+    forward kv, partials and outputs; backward the outputs' gradients, kv and grad kv (the small
+    grad-w partials of the Triton backward not counted)."""
+    L, n_kv, E = shape["n_layer"], shape["n_kv_head"], 2 * shape["n_embd"] // shape["n_head"]
+    dtype = torch.bfloat16 if device.startswith("cuda") and args.dtype == "bfloat16" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def slot():  # random, never zeros: zeros can run faster than real data
+        return torch.randn(shape["batch_size"], shape["block_size"], n_kv, E, device=device, generator=gen).to(dtype)
+
+    kv = slot()
+    rows = [dict(op="copy", dots="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
+    # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS)
+    choices = [True, False] if kernels.use_triton(kv) and dtype == torch.bfloat16 else [kernels.LOW_PRECISION_DOTS]
+    for layer in (0, L // 2, L - 1):
+        n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
+        n_part = n_out if layer else 0
+        w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
+        partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
+        for low in choices:
+            kernels.LOW_PRECISION_DOTS = low
+            dots = ("bf16" if low else "fp32") if len(choices) > 1 else "-"
+            rows.append(dict(op=f"forward, layer {layer}", dots=dots, slots=1 + n_part + n_out,
+                             ms=time_op(lambda: kernels.route(kv, w, partials), device, args.steps)))
+            rows.append(dict(op=f"backward, layer {layer}", dots=dots, slots=n_out + 2,
+                             ms=time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)))
+        kernels.LOW_PRECISION_DOTS = choices[0]
+    for r in rows:
+        r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
+    print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
+          f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}")
+    print(f"{'op':>20} {'dots':>5} {'slots':>6} {'ms':>9} {'GB/s':>8}")
+    for r in rows:
+        print(f"{r['op']:>20} {r['dots']:>5} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")
+    return rows
+
+
 def add_ratios(results):
     base = next((x for x in results if x["router"] == "none"), results[0])
     for x in results:
@@ -177,6 +230,8 @@ def parse_args(argv):
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile: auto (on for CUDA)")
     p.add_argument("--fresh-processes", action="store_true",
                    help="run each mode alone in a fresh process on a CPU too (always so on CUDA or compiled)")
+    p.add_argument("--kernels", action="store_true",
+                   help="time the routing op alone (forward, backward, a copy for the bandwidth) instead of models")
     p.add_argument("--json", help="also write the figures to this file as JSON")
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
@@ -211,7 +266,8 @@ def parse_args(argv):
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
-              (args.gen_repeats == 0 or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
+              (args.kernels or args.gen_repeats == 0
+               or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
                f"--gen-tokens={args.gen_tokens} does not fit after a prompt of half the block of "
                f"{shape['block_size']}")]
     for ok, message in checks:
@@ -235,11 +291,13 @@ def main(argv=None):
     name = torch.cuda.get_device_name(args.device) if is_cuda else f"cpu ({torch.get_num_threads()} threads)"
     dtype = args.dtype if is_cuda else "float32"
     alone = is_cuda or args.compile == "on" or args.fresh_processes
-    print(f"device {name}, torch {torch.__version__}, {dtype}, compile {args.compile}, shape {args.shape} {shape}; "
-          f"{'each mode in its own process' if alone else 'modes taking turns in one process'}")
+    how = "" if args.kernels else "; each mode in its own process" if alone else "; modes taking turns in one process"
+    print(f"device {name}, torch {torch.__version__}, {dtype}, compile {args.compile}, shape {args.shape} {shape}{how}")
     out = dict(device=name, torch=torch.__version__, dtype=dtype, compile=args.compile, shape=shape, runs=[])
+    if args.kernels:
+        out["kernels"] = measure_kernels(shape, args, args.device)
     try:
-        for depth in [shape["n_layer"], *args.depths]:
+        for depth in [shape["n_layer"], *args.depths] if not args.kernels else []:
             depth_shape = {**shape, "n_layer": depth}
             results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \
                 measure(args.routers, depth_shape, args, args.device)

@@ -25,10 +25,15 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
                and writes L - j outputs:     L + 1 + sum_{j=1}^{L-1} (2 (L - j) + 1)  = 156 at L = 12
     backward   layer j reads its L - j output gradients and kv_j, writes grad kv_j:
                                              sum_{j=0}^{L-1} (L - j + 2)              = 102 at L = 12
-That is about 260 slot passes, 26 GB at the 150M shape: some 9 ms at 3 TB/s, next to 84 ms for a
+               plus grad w's per-tile shares, written and summed: 0.19 slot per output  ~ 15 at L = 12
+That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s, next to 86 ms for a
 `none` training step on one H100 (a count, not a measurement). Memory: kv_j is saved once per
 layer (one slot per layer, about +6% at 150M), and a partial lives only until its layer has run.
-The Triton block sizes below are reasoned, not tuned on a GPU.
+
+Measured on one H100 80GB HBM3 (Triton 3.6; `python bench.py --device cuda --kernels` times the
+same), the op alone at the 150M slot, layer 0 (12 outputs), where a plain copy moves 3.0 TB/s:
+forward 0.50 ms (2.6 TB/s); backward 1.31 ms (1.1 TB/s) with the dots in bf16, 3.33 ms with fp32
+operands. The backward is the part still far from the floor; the block sizes are not tuned.
 
 NOTE under bf16 the running sums are stored in bf16, so layer l's routed K/V is rounded up to
 l times rather than once. Measured on a CPU at bench.py's 12-layer shape with bf16 autocast,
@@ -50,6 +55,10 @@ except ImportError:  # CPU builds of torch come without Triton: the plain path n
 # tensor; on the CPU that needs TRITON_INTERPRET=1, which is how the tests run the kernels)
 USE_TRITON = os.environ.get("LIME_TRITON", "auto")
 NMAX = 8  # outputs per kernel launch; a source with more readers launches again and rereads kv
+COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
+# bf16 K/V: dot operands stay bf16, w cast to bf16 as the plain path does (accumulation is fp32 either
+# way). False converts the operands to fp32 first (tf32 dots): a 2.3-2.5x slower backward on an H100.
+LOW_PRECISION_DOTS = True
 
 
 def use_triton(t):
@@ -119,9 +128,9 @@ route.register_autograd(_backward, setup_context=_setup_context)
 # Triton kernels. A program takes a tile of BP positions: kv[pos] is an (n_kv, E) matrix, so the
 # tile is (KP, BP * BE) with a row per head and a column per (position, e), and it is one
 # contiguous stretch of memory. Mixing heads is then a (KP, KP) @ (KP, BP * BE) product.
-# NOTE tl.dot needs every side >= 16, so heads are padded with zeros to KP >= 16. Operands go to
-# fp32 first: bf16 values are exact in tf32, so the products are exact, and Triton's CPU
-# interpreter cannot multiply bf16 matrices.
+# NOTE tl.dot needs every side >= 16, so heads are padded with zeros to KP >= 16. LOWP keeps bf16
+# operands in the dots; without it they go to fp32 first, which Triton's CPU interpreter needs,
+# since it cannot multiply bf16 matrices (the tests run the kernels there in fp32 dots).
 
 if triton is not None:
 
@@ -136,55 +145,59 @@ if triton is not None:
 
     @triton.jit
     def _route_fwd(kv, w, outs, partials, n_out, n_partial, P, NKV: tl.constexpr, E: tl.constexpr,
-                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, PREC: tl.constexpr):
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, PREC: tl.constexpr,
+                   LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
-        x = tl.load(kv + offs, mask=mask, other=0.0).to(tl.float32)  # read once for all outputs
+        x = tl.load(kv + offs, mask=mask, other=0.0)  # read once for all outputs
+        if not LOWP:
+            x = x.to(tl.float32)
         head = tl.arange(0, KP)
         w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
         for i in tl.static_range(NMAX):
             if i < n_out:
-                wi = tl.load(w + i * NKV * NKV + w_offs, mask=w_mask, other=0.0).to(tl.float32)
+                wi = tl.load(w + i * NKV * NKV + w_offs, mask=w_mask, other=0.0).to(x.dtype)
                 y = tl.dot(wi, x, input_precision=PREC)  # (KP, BP * BE)
                 if i < n_partial:
                     y += tl.load(partials[i] + offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(outs[i] + offs, y.to(outs[i].dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, P, NKV: tl.constexpr, E: tl.constexpr, KP: tl.constexpr,
-                   BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, NEED_W: tl.constexpr,
-                   ACCUMULATE: tl.constexpr, PREC: tl.constexpr):
+    def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, n_total, P, NKV: tl.constexpr, E: tl.constexpr,
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, NEED_W: tl.constexpr,
+                   ACCUMULATE: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+        offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
         head = tl.arange(0, KP)
+        w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
         wt_offs = head[None, :] * NKV + head[:, None]  # w[i] transposed: element (k, h) is w[i, h, k]
-        w_mask = (head[:, None] < NKV) & (head[None, :] < NKV)
-        # grad w[i] = sum over positions of g_i @ x^T: each program sums its tiles here, torch sums the programs
-        gw = tl.zeros((NMAX, KP, KP), tl.float32)
-        which = tl.arange(0, NMAX)[:, None, None]
-        for tile in range(tl.program_id(0), tl.cdiv(P, BP), tl.num_programs(0)):
-            offs, mask = _tile(tile, P, NKV, E, KP, BE, BP)
-            x = tl.load(kv + offs, mask=mask, other=0.0).to(tl.float32)
-            acc = tl.zeros((KP, BP * BE), tl.float32)
-            if ACCUMULATE:  # an earlier launch covered the first NMAX outputs
-                acc += tl.load(grad_kv + offs, mask=mask, other=0.0).to(tl.float32)
-            for i in tl.static_range(NMAX):
-                if i < n_out:
-                    g = tl.load(grads[i] + offs, mask=mask, other=0.0).to(tl.float32)
-                    wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(tl.float32)
-                    acc += tl.dot(wt, g, input_precision=PREC)
-                    if NEED_W:
-                        gw += tl.where(which == i, tl.dot(g, tl.trans(x), input_precision=PREC)[None, :, :], 0.0)
-            tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
+        acc = tl.zeros((KP, BP * BE), tl.float32)
+        if ACCUMULATE:  # an earlier launch covered the first NMAX outputs
+            acc += tl.load(grad_kv + offs, mask=mask, other=0.0).to(tl.float32)
         if NEED_W:
-            gw_offs = ((tl.program_id(0) * NMAX + which) * KP + head[None, :, None]) * KP + head[None, None, :]
-            tl.store(grad_w + gw_offs, gw)
+            x = tl.load(kv + offs, mask=mask, other=0.0)
+            if not LOWP:
+                x = x.to(tl.float32)
+            xt = tl.trans(x)
+        for i in tl.static_range(NMAX):
+            if i < n_out:
+                g = tl.load(grads[i] + offs, mask=mask, other=0.0)  # read once for both gradients
+                if not LOWP:
+                    g = g.to(tl.float32)
+                wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
+                acc += tl.dot(wt, g, input_precision=PREC)
+                if NEED_W:  # this tile's share of grad w[i] = g_i @ x^T, summed over the tiles by torch
+                    gw = tl.dot(g, xt, input_precision=PREC)  # (KP, KP)
+                    tl.store(grad_w + (tl.program_id(0) * n_total + i) * NKV * NKV + w_offs, gw, mask=w_mask)
+        tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
 
 
 def _launch_shape(kv):
-    """Block sizes: heads padded to KP, E to BE, and BP positions per tile (about 256 columns)."""
+    """Block sizes and choices: heads padded to KP, E to BE, BP positions per tile (COLUMNS columns)."""
     n_kv, E = kv.shape[-2:]
     assert kv.numel() < 2**31, "int32 offsets in the kernels"
     BE = triton.next_power_of_2(E)
-    return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, 256 // BE), NMAX=NMAX,
-                PREC="ieee" if kv.dtype == torch.float32 else "tf32")
+    lowp = LOW_PRECISION_DOTS and kv.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
+    return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, COLUMNS // BE),
+                NMAX=NMAX, PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS)
 
 
 def _chunks(n):
@@ -209,15 +222,14 @@ def _route_triton(kv, w, partials):
 def _route_backward_triton(grads, kv, w, need_w):
     meta = _launch_shape(kv)
     P = kv.numel() // (meta["NKV"] * meta["E"])
-    sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if kv.is_cuda else 1
-    programs = min(triton.cdiv(P, meta["BP"]), 4 * sms)
-    chunks = _chunks(len(grads))
+    programs = triton.cdiv(P, meta["BP"])
     grad_kv = torch.empty_like(kv)
-    gw = torch.empty(len(chunks), programs, NMAX, meta["KP"], meta["KP"], device=kv.device, dtype=torch.float32)
-    for c, (a, b) in enumerate(chunks):
-        _route_bwd[(programs,)](kv, w[a:], _padded(grads[a:b], kv), grad_kv, gw[c], b - a, P, NEED_W=need_w,
-                                ACCUMULATE=c > 0, **meta)
-    if not need_w:
-        return grad_kv, torch.zeros_like(w)
-    grad_w = gw.sum(1).flatten(0, 1)[: len(grads), : meta["NKV"], : meta["NKV"]]  # (n_out, n_kv, n_kv)
-    return grad_kv, grad_w.to(w.dtype).contiguous()
+    # one (n_kv, n_kv) share of every grad w[i] per program, in fp32: 2 n_kv / (BP E) of the bytes of the
+    # program's g_i tile (9% at 150M), then read once more by the sum. One writer per share: no atomics,
+    # so the sum is the same at every run
+    gw = torch.empty(programs if need_w else 1, len(grads), meta["NKV"], meta["NKV"], device=kv.device,
+                     dtype=torch.float32)
+    for a, b in _chunks(len(grads)):
+        _route_bwd[(programs,)](kv, w[a:], _padded(grads[a:b], kv), grad_kv, gw[:, a:], b - a, len(grads), P,
+                                NEED_W=need_w, ACCUMULATE=a > 0, **meta)
+    return grad_kv, gw.sum(0).to(w.dtype) if need_w else torch.zeros_like(w)

@@ -300,21 +300,28 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("n_kv, dtype", [(12, torch.bfloat16), (8, torch.bfloat16), (12, torch.float32)])
-def test_cuda_triton_kernels_equal_plain_pytorch(monkeypatch, n_kv, dtype):
-    """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter."""
+@pytest.mark.parametrize("n_kv, dtype, low", [(12, torch.bfloat16, True), (8, torch.bfloat16, True),
+                                               (12, torch.bfloat16, False), (12, torch.float32, False)])
+def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low):
+    """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
+    with either choice of dot operands, and the plain path, each against the same sums in float64. They round
+    bf16 differently, so they are held to the exact sums, not to each other."""
+    monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
     g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(4, 256, n_kv, 128, device="cuda", generator=g).to(dtype)
-    w = torch.randn(10, n_kv, n_kv, device="cuda", generator=g)
+    w = torch.randn(10, n_kv, n_kv, device="cuda", generator=g) / n_kv**0.5
     partials = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(9)]
     grads = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(10)]
-    results = {}
+    x, w64, g64 = kv.double(), w.double(), [t.double() for t in grads]
+    exact = [torch.einsum("hk,btke->bthe", w64[i], x) + (partials[i].double() if i < 9 else 0) for i in range(10)]
+    exact += [sum(torch.einsum("hk,bthe->btke", w64[i], g64[i]) for i in range(10)),
+              torch.stack([torch.einsum("bthe,btke->hk", g64[i], x) for i in range(10)])]
     for impl in ("0", "auto"):
         monkeypatch.setattr(kernels, "USE_TRITON", impl)
-        results[impl] = [*kernels.route(kv, w, partials), *kernels.route_backward(grads, kv, w, True)]
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.02, atol=0.1)
-    for a, b in zip(results["auto"], results["0"]):
-        torch.testing.assert_close(a.float(), b.float(), **tol)
+        got = [*kernels.route(kv, w, partials), *kernels.route_backward(grads, kv, w, True)]
+        for i, (a, b) in enumerate(zip(got, exact)):
+            err = ((a.double() - b).norm() / b.norm()).item()
+            assert err < (1e-2 if dtype == torch.bfloat16 else 1e-5), (impl, i, err)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -863,7 +870,8 @@ def test_a_config_field_without_a_comment_and_a_bool_still_work():
 def test_no_script_imports_another():
     """lime.py, kernels.py and prepare_data.py at the bottom, common.py above them, the scripts on top."""
     floors = {"lime": {"kernels"}, "kernels": set(), "prepare_data": set(), "common": {"lime", "prepare_data"},
-              **dict.fromkeys(["train", "sample", "bench", "analyze", "grid"], {"lime", "prepare_data", "common"})}
+              **dict.fromkeys(["train", "sample", "analyze", "grid"], {"lime", "prepare_data", "common"}),
+              "bench": {"lime", "kernels", "prepare_data", "common"}}  # bench.py --kernels times the op alone
     for name, allowed in floors.items():
         tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
         imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
@@ -1046,6 +1054,23 @@ def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch):
     assert rows[0]["step_ratio"] == pytest.approx(rows[0]["ms_per_step"] / rows[1]["ms_per_step"])  # to none
     assert rows[0]["gen_tokens_per_s"] is None
     assert "lime: in a fresh process" in capsys.readouterr().out
+
+
+def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
+    """--kernels: the op alone for lime's first, middle and last layer, with the slots each moves."""
+    path = tmp_path / "kernels.json"
+    bench.main(["--device", "cpu", "--kernels", "--n-layer", "4", "--block-size", "16", "--batch-size", "1",
+                "--steps", "1", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["runs"] == []  # no models
+    rows = saved["kernels"]
+    assert [(r["op"], r["slots"]) for r in rows] == [
+        ("copy", 2), ("forward, layer 0", 5), ("backward, layer 0", 6), ("forward, layer 2", 5),
+        ("backward, layer 2", 4), ("forward, layer 3", 3), ("backward, layer 3", 3)]
+    slot_bytes = 1 * 16 * 6 * 128 * 4  # (B, T, n_kv, 2 head_dim) of the cpu shape, float32
+    for r in rows:
+        assert r["ms"] > 0 and r["gb_per_s"] == pytest.approx(r["slots"] * slot_bytes / r["ms"] / 1e6)
+    assert "backward, layer 0" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [
