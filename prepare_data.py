@@ -272,6 +272,11 @@ class ArithmeticTask:
         return f"{'int' if self.field == 'int' else f'mod{self.modulus}'}-{self.target}"
 
     @property
+    def label(self):
+        """The name with the tiers, e.g. 'mod11-answer, tiers 4,5,6 operators'."""
+        return f"{self.name}, tiers {','.join(map(str, self.tiers))} {self.count}"
+
+    @property
     def top(self):
         """The largest number that can occur."""
         return self.max_value if self.field == "int" else self.modulus - 1
@@ -463,8 +468,7 @@ def prepare_arithmetic(data_dir, task, seed=0, train_size=50_000, test_size=1000
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
     meta = dict(vocab=task.vocab(), seed=seed, train_size=train_size, test_size=test_size, **dataclasses.asdict(task))
     atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
-    print(f"{Path(data_dir) / 'meta.json'}: {task.name} by {task.count}, tiers {task.tiers}, "
-          f"task vocabulary of {len(meta['vocab'])} tokens")
+    print(f"{Path(data_dir) / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
 
 
 class TaskVocab:
@@ -486,16 +490,21 @@ class TaskVocab:
         return " ".join(self.itos[i] for i in ids)
 
 
-def load_arithmetic(data_dir):
+def load_arithmetic(data_dir, trained_on=None):
     """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task). A folder written
-    before the validation split existed has none."""
+    before the validation split existed has none. trained_on: the task a run's config names (its
+    fields as a dict); a folder that holds another one is a DataError, not a score on the wrong task."""
     data_dir = Path(data_dir)
     if not (data_dir / "meta.json").exists():
         where = "" if data_dir == Path("data/arithmetic") else f" --data-dir {data_dir}"
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     meta = json.loads((data_dir / "meta.json").read_text())
+    task = ArithmeticTask.from_meta(meta)
+    if trained_on and ArithmeticTask.from_meta(trained_on) != task:
+        raise DataError(f"{data_dir} holds the task {task.label}, but the run was trained on "
+                        f"{ArithmeticTask.from_meta(trained_on).label}: give --data-dir the run's data")
     splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
-    return TaskVocab(meta["vocab"]), splits, ArithmeticTask.from_meta(meta)
+    return TaskVocab(meta["vocab"]), splits, task
 
 
 def split_sample(line):
@@ -676,7 +685,7 @@ class ArithmeticData(TaskRows):
             print(f"preparing the arithmetic task in {cfg['data_dir']} (once, offline)")
             task = QUICK_START if cfg["preset"] == "tiny" else ArithmeticTask(**ARITH_DEFAULTS)
             prepare_arithmetic(cfg["data_dir"], task)
-        self.vocab, splits, self.task = load_arithmetic(cfg["data_dir"])
+        self.vocab, splits, self.task = load_arithmetic(cfg["data_dir"], cfg.get("task"))
         self.T, n = cfg["block_size"], cfg["eval_samples"]
         self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
         self.tests = {k: splits[f"test_{k}"][:n] for k in self.task.tiers}

@@ -33,7 +33,7 @@ class Codec:
     def __init__(self, cfg):
         self.arithmetic, self.prosqa = cfg["data"] == "arithmetic", cfg["data"] == "prosqa"
         if self.arithmetic:
-            self.vocab, self.splits, self.task = prepare_data.load_arithmetic(cfg["data_dir"])
+            self.vocab, self.splits, self.task = prepare_data.load_arithmetic(cfg["data_dir"], cfg.get("task"))
             self.stop = self.vocab.eos
         else:
             self.enc = prepare_data.gpt2_encoding()

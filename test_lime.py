@@ -979,6 +979,18 @@ def test_sample_eval_matches_train(arith_run, language_run, capsys):
     assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
 
 
+def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):
+    """The regime is in the run's config (config.json and the checkpoint); data of another one is refused."""
+    for config in (json.loads((arith_run / "config.json").read_text()), common.read_checkpoint(arith_run)["config"]):
+        assert pd.ArithmeticTask.from_meta(config["task"]) == pd.ArithmeticTask()
+    other = tmp_path / "other"
+    pd.prepare_arithmetic(other, pd.ArithmeticTask(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
+    for flags in (["--eval"], ["--start", "1 + 2 + 3 + 4"]):
+        err = error_of(sample.main, ["--out-dir", str(arith_run), "--data-dir", str(other), *flags], capsys, code=1)
+        assert err == (f"sample.py: error: {other} holds the task mod11-answer, tiers 4,5,6 operands, but the run was "
+                       "trained on int-steps, tiers 4,5,6 operands: give --data-dir the run's data")
+
+
 def test_sample_language_checkpoint(language_run, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(pd, "gpt2_encoding", small_encoding)
     prompt = tmp_path / "prompt.txt"

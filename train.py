@@ -394,6 +394,8 @@ def train(cfg, ckpt=None, signals=None, init=None):
             cfg["max_steps"] = math.ceil(cfg["epochs"] * steps_per_epoch)
         if cfg["warmup_epochs"] > 0 and ckpt is None:
             cfg["warmup_steps"] = math.ceil(cfg["warmup_epochs"] * steps_per_epoch)
+    if isinstance(data, prepare_data.ArithmeticData):  # the regime goes into config.json and every checkpoint,
+        cfg["task"] = dataclasses.asdict(data.task)     # so that sample, analyze and --resume read the same task
     torch.manual_seed(cfg["seed"])
     raw_model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_FIELDS})).to(device)
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
@@ -433,8 +435,7 @@ def train(cfg, ckpt=None, signals=None, init=None):
     peak = peak_flops(device, dtype)
     say("config: " + json.dumps(cfg))
     if isinstance(data, prepare_data.ArithmeticData):
-        t = data.task
-        say(f"task: {t.name}, tiers {', '.join(map(str, t.tiers))} {t.count} ({cfg['data_dir']}/meta.json)")
+        say(f"task: {data.task.label} ({cfg['data_dir']}/meta.json)")
     if init is not None:
         say(f"starting from the weights of {cfg['init_from']} (its step {init['step']})")
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
