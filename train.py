@@ -69,7 +69,7 @@ class TrainConfig:
     prune_at: int = 0  # with --router-top-p: the step at which to prune; pruned weights stay zero after it
     eval_interval: int = 500  # evaluate and save a checkpoint every this many steps
     eval_tokens: int = 2_097_152  # language data: validation tokens (fixed windows from the start of val)
-    eval_samples: int = 1000  # arithmetic: expressions per tier for accuracy (test and validation); prosqa: test questions
+    eval_samples: int = 1000  # arithmetic: expressions per tier scored (test, validation); prosqa: test questions
     log_interval: int = 10  # print a progress line every this many steps
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 on CUDA, else float32), bfloat16, float32
@@ -97,9 +97,9 @@ PRESETS = {
     "prosqa": dict(data="prosqa", block_size=1024, batch_size=128, micro_batch_size=32, epochs=10, warmup_epochs=1,
                    lr=1e-4, min_lr=0.0, schedule="linear", eval_interval=500, eval_samples=500, log_interval=10),
     # a CPU quick start on the arithmetic task: a few minutes on 2 cores, no download
-    "tiny": dict(data="arithmetic", data_dir="data/arithmetic-quick", n_layer=4, n_head=4, n_kv_head=4, n_embd=64, mlp_hidden=256, block_size=64,
-                 vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500, lr=3e-3, warmup_steps=50,
-                 min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
+    "tiny": dict(data="arithmetic", data_dir="data/arithmetic-quick", n_layer=4, n_head=4, n_kv_head=4, n_embd=64,
+                 mlp_hidden=256, block_size=64, vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500,
+                 lr=3e-3, warmup_steps=50, min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
 }
 SESSION_FIELDS = ["stop_at", "device", "compile", "log_interval", "out_dir"]  # a resume may change these freely
 POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "rope_theta",
@@ -445,14 +445,26 @@ def train(cfg, ckpt=None, signals=None, init=None):
     last_step = min(cfg["max_steps"], cfg["stop_at"] or cfg["max_steps"])
     checkpoints = Checkpoints(out_dir, raw_model, optimizer, cfg, signals, master, step if ckpt is not None else None,
                               mask)
+
+    def evaluate_and_save(step):
+        """Validation (and at max_steps the test split too), its log line, a check and a checkpoint."""
+        t = time.time()
+        metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world, final=step == cfg["max_steps"])
+        if master:
+            log.write(step=step, **metrics)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        say(f"eval step {step}: {shown} ({time.time() - t:.1f}s)")
+        if not math.isfinite(metrics["val_loss"]):
+            raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
+        checkpoints.save(step)  # (not again for a checkpoint of this step)
+        return metrics
+
     timed_steps, timed_seconds, metrics = 0, 0.0, {}
     synchronize(device)
     window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
         if step == cfg["max_steps"]:  # resumed after a cut in the final evaluation: that is all there is left to do
-            metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world)
-            if master:
-                log.write(step=step, **metrics)
+            metrics = evaluate_and_save(step)
         while step < last_step:
             if cfg["router_top_p"] > 0 and step == cfg["prune_at"]:
                 with signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
@@ -505,16 +517,7 @@ def train(cfg, ckpt=None, signals=None, init=None):
                 window_start, window_steps = time.time(), 0
 
             if step % cfg["eval_interval"] == 0 or step == cfg["max_steps"]:
-                t = time.time()
-                metrics = evaluate(model, raw_model, data, cfg, device, autocast, rank, world,
-                                   final=step == cfg["max_steps"])
-                if master:
-                    log.write(step=step, **metrics)
-                say(f"eval step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-                    + f" ({time.time() - t:.1f}s)")
-                if not math.isfinite(metrics["val_loss"]):
-                    raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
-                checkpoints.save(step)
+                metrics = evaluate_and_save(step)
                 synchronize(device)
                 window_start, window_steps = time.time(), 0
     except KeyboardInterrupt as e:
