@@ -142,7 +142,7 @@ def measure_alone(router, shape, args, argv):
 def time_op(fn, device, repeats):
     """Median milliseconds of fn() over `repeats` calls, after three untimed ones."""
     times = []
-    for i in range(3 + repeats):
+    for _ in range(3 + repeats):
         synchronize(device)
         t = time.perf_counter()
         fn()
@@ -166,7 +166,8 @@ def measure_kernels(shape, args, device):
     kv = slot()
     rows = [dict(op="copy", dots="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
     # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS)
-    choices = [True, False] if kernels.use_triton(kv) and dtype == torch.bfloat16 else [kernels.LOW_PRECISION_DOTS]
+    chosen = kernels.LOW_PRECISION_DOTS
+    choices = [True, False] if kernels.use_triton(kv) and dtype == torch.bfloat16 else [chosen]
     for layer in (0, L // 2, L - 1):
         n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
         n_part = n_out if layer else 0
@@ -179,7 +180,7 @@ def measure_kernels(shape, args, device):
                              ms=time_op(lambda: kernels.route(kv, w, partials), device, args.steps)))
             rows.append(dict(op=f"backward, layer {layer}", dots=dots, slots=n_out + 2,
                              ms=time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)))
-        kernels.LOW_PRECISION_DOTS = choices[0]
+        kernels.LOW_PRECISION_DOTS = chosen
     for r in rows:
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
     print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
