@@ -540,7 +540,7 @@ def train(cfg, ckpt=None, signals=None, init=None):
     elif master:
         peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        task = dict(task=dataclasses.asdict(data.task)) if isinstance(data, prepare_data.ArithmeticData) else {}
+        task = {"task": cfg["task"]} if "task" in cfg else {}  # the arithmetic regime, as the config holds it
         summary = dict(router=cfg["router"], preset=cfg["preset"], data=cfg["data"], **task, seed=cfg["seed"],
                        parameters=counts,
                        steps=step, tokens_seen=step * tokens_per_step, **metrics,
