@@ -19,20 +19,17 @@ from pathlib import Path
 
 import torch
 
-import prepare_data
-from common import (Parser, UsageError, autocast_for, clear_run, evaluate, load_checkpoint, model_from, one_line_errors,
-                    pick_device, prunable_weights, prune_routers, pruned_counts, read_checkpoint, results_table,
-                    run_files, save_checkpoint)
-from lime import route_reference
+import runs
+from cli import Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors, pick_device
+from data import evaluate
+from pruning import prunable_routers, prune_routers, pruned_counts
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
 
 
 def load(out_dir, args):
     """A checkpoint's config and model (on the CPU), reading data from --data-dir if given."""
-    cfg, model = load_checkpoint(out_dir, "cpu")
-    cfg["data_dir"] = args.data_dir or cfg["data_dir"]
-    return cfg, model
+    return runs.load_checkpoint(out_dir, "cpu", args.data_dir)
 
 
 def save_plot(path, curves, xlabel, ylabel, title, image=None):
@@ -59,7 +56,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    prepare_data.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     print(f"saved {path}")
 
@@ -89,10 +86,10 @@ def cmd_routes(args):
     cfg, model = load(args.out_dir[0], args)
     M = route_map(model)
     image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
-    print(f"router {cfg['router']}: row = layer, column = source layer, % of mean |weight|")
+    print(f"router {cfg.router}: row = layer, column = source layer, % of mean |weight|")
     print_layer_map(image)
     save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
-              f"routing weights ({cfg['router']})", image=image.numpy())
+              f"routing weights ({cfg.router})", image=image.numpy())
     return M
 
 
@@ -101,11 +98,8 @@ def cmd_routes(args):
 
 
 def sequences(cfg, n, seq_len):
-    """The first n validation sequences: fixed windows for language, unpadded rows for a task."""
-    data = prepare_data.load_data(cfg, with_train=False)
-    if isinstance(data, prepare_data.TaskRows):
-        return [torch.tensor(ids[:-1]) for ids, _ in data.val[:n]]
-    return [x[:seq_len] for x in data.val_x[:n]]
+    """The first n validation sequences: fixed windows for language, unpadded samples for a task."""
+    return runs.load_data(cfg, with_train=False).val_sequences(n, seq_len)
 
 
 @torch.no_grad()
@@ -132,7 +126,7 @@ def activations(model, idx):
     for block, kv, x in zip(model.transformer.h, own, inputs):
         router = block.attn.router
         if router is not None:  # (1, T, n_kv, 2*hd) in, the same out
-            kv = route_reference(router.weights(x), [own[j][None] for j in router.sources])[0]
+            kv = router.reference([own[j][None] for j in router.sources], x)[0]
         values.append(kv[..., hd:].flatten(1))  # (T, n_kv*hd)
     return values, hidden
 
@@ -156,9 +150,9 @@ def cmd_entropy(args):
     for out_dir in args.out_dir:
         cfg, model = load(out_dir, args)
         per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
-        L = cfg["n_layer"]
+        L = cfg.n_layer
         for kind, k in (("values", 0), ("hidden", 1)):
-            curves[f"{cfg['router']} {kind}"] = [
+            curves[f"{cfg.router} {kind}"] = [
                 sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(L)]
     print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {args.num_seqs} sequences")
     print("layer " + "".join(f"{name:>16}" for name in curves))
@@ -201,11 +195,11 @@ def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
 
 def cmd_probe(args):
     cfg, model = load(args.out_dir[0], args)
-    if cfg["data"] == "arithmetic":
+    if cfg.data == "arithmetic":
         raise UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
                                "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
-    feats, labels = [[] for _ in range(cfg["n_layer"])], []
+    feats, labels = [[] for _ in range(cfg.n_layer)], []
     for x in sequences(cfg, args.num_seqs, args.seq_len):
         where = torch.isin(x, ids).nonzero().flatten()
         if len(where):
@@ -220,10 +214,10 @@ def cmd_probe(args):
     if min(counts) < 5:
         raise UsageError("too few occurrences of each word for 5-fold cross-validation: raise --num-seqs")
     accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
-    print(f"5-fold linear probe accuracy on values ({cfg['router']}), chance {max(counts) / len(y):.3f}")
+    print(f"5-fold linear probe accuracy on values ({cfg.router}), chance {max(counts) / len(y):.3f}")
     for l, a in enumerate(accs):
         print(f"layer {l:>3}: {a:.3f}")
-    save_plot(Path(args.out_dir[0]) / "probe.png", {cfg["router"]: accs}, "layer", "probe accuracy",
+    save_plot(Path(args.out_dir[0]) / "probe.png", {cfg.router: accs}, "layer", "probe accuracy",
               "is / are / was / were from values")
     return accs
 
@@ -239,7 +233,7 @@ def cmd_table(args):
         if not path.exists():
             raise UsageError(f"no {path} (is the run finished?)")
         summaries.append(json.loads(path.read_text()))
-    table = results_table(summaries, args.split)
+    table = runs.results_table(summaries, args.split)
     print(table)
     return table
 
@@ -254,10 +248,9 @@ def survival_map(model, mask):
     or any at layer 0, whose router is a fixed identity)."""
     L = model.config.n_layer
     M = torch.full((L, L), float("nan"))
-    for name, keep in mask.items():  # keep (n_kv, n_src, n_kv)
-        router = model.get_submodule(name.removesuffix(".weight"))
-        for i, j in enumerate(router.sources):
-            M[router.layer, j] = keep[:, i].float().mean().item()
+    for name, router in prunable_routers(model).items():
+        for i, j in enumerate(router.sources):  # mask[name]: (n_kv, n_src, n_kv) or (n_kv, n_src)
+            M[router.layer, j] = mask[name][:, i].float().mean().item()
     return M
 
 
@@ -268,25 +261,24 @@ def cmd_prune(args):
     if save:  # everything that can refuse the command, before any work
         if save.resolve() == Path(args.out_dir).resolve():
             raise UsageError("--save names the run being pruned: give a new folder")
-        problem = prepare_data.folder_problem(save)
+        problem = folder_problem(save)
         if problem:
             raise UsageError(f"--save={save}: {problem}")
-        if run_files(save) and not args.overwrite:
-            raise UsageError(f"--save={save} already holds a run ({', '.join(run_files(save))}): "
+        if runs.run_files(save) and not args.overwrite:
+            raise UsageError(f"--save={save} already holds a run ({', '.join(runs.run_files(save))}): "
                              "give another folder, or --overwrite to replace it")
     device = pick_device(args.device)
-    ckpt = read_checkpoint(args.out_dir)
-    cfg, model = ckpt["config"], model_from(ckpt, args.out_dir).to(device).eval()
-    cfg["data_dir"] = args.data_dir or cfg["data_dir"]
-    prunable_weights(model)  # a router with nothing to prune is refused before the evaluation
-    data, autocast = prepare_data.load_data(cfg, with_train=False), autocast_for(device)
-    before = evaluate(model, model, data, cfg, device, autocast)
+    ckpt = runs.read_checkpoint(args.out_dir)
+    cfg, model = runs.saved_config(ckpt, args.data_dir), runs.model_from(ckpt, args.out_dir).to(device).eval()
+    prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
+    data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
+    before = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
     mask = prune_routers(model, args.top_p, ckpt.get("router_mask"))
-    after = evaluate(model, model, data, cfg, device, autocast)
+    after = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
 
-    counts = pruned_counts(mask)
+    counts = pruned_counts(model, mask)
     pruned, total = map(sum, zip(*counts.values()))
-    print(f"top-p {args.top_p} pruning of the {cfg['router']} routers in {args.out_dir}: pruned weights per layer")
+    print(f"top-p {args.top_p} pruning of the {cfg.router} routers in {args.out_dir}: pruned weights per layer")
     for layer, (n, of) in counts.items():
         print(f"layer {layer:>3}: {n:>8,} of {of:>8,} ({100 * n / of:5.1f}%)")
     print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
@@ -303,11 +295,11 @@ def cmd_prune(args):
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
         save.mkdir(parents=True, exist_ok=True)
-        clear_run(save)
-        cfg = {**cfg, "out_dir": str(save)}
-        prepare_data.atomic_write(save / "config.json", lambda f: f.write(json.dumps(cfg, indent=2).encode()))
-        prepare_data.atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-        save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], cfg, mask)
+        runs.clear_run(save)
+        config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
+        atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
+        atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+        runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
         print(f"saved the pruned checkpoint in {save}")
     return dict(report, survival=M)
 

@@ -33,9 +33,8 @@ from pathlib import Path
 import torch
 
 import kernels
-import prepare_data
-from common import Parser, UsageError, autocast_for, fail, peak_flops, pick_device, synchronize
-from lime import GPT, GPTConfig
+from cli import Parser, UsageError, atomic_write, autocast_for, fail, peak_flops, pick_device, synchronize
+from lime import GPT, ROUTERS, GPTConfig
 
 SHAPES = {
     # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
@@ -216,7 +215,7 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")
-    p.add_argument("--routers", default="none,lime,average,last-4,first-4,dynamic",
+    p.add_argument("--routers", default=",".join(name.replace("-J", "-4") for name in ROUTERS),
                    help="comma-separated router modes; ratios are to none, or to the first listed")
     p.add_argument("--n-layer", type=int, help="override the shape's depth")
     p.add_argument("--batch-size", type=int, help="override the shape's sequences per step")
@@ -308,7 +307,7 @@ def main(argv=None):
     except RuntimeError as e:
         fail("bench.py", f"error: {e}", 1)
     if args.json:
-        prepare_data.atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+        atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
         print(f"wrote {args.json}")
     return out
 

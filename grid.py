@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-import prepare_data
-from common import Parser, UsageError, one_line_errors, results_table, run_files
+import arithmetic
+from cli import DataError, Parser, UsageError, one_line_errors
+from runs import results_table, run_files
 
 
 def regimes(args):
@@ -34,8 +35,7 @@ def regimes(args):
     out = []
     for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
         for target in dict.fromkeys(args.targets.split(",")):
-            task = prepare_data.ArithmeticTask(field=field, modulus=args.modulus, count=args.count, tiers=tiers,
-                                               target=target)
+            task = arithmetic.Task(field=field, modulus=args.modulus, count=args.count, tiers=tiers, target=target)
             out.append((f"{task.name}-{task.count}", task))
     return out
 
@@ -51,13 +51,13 @@ def prepare(data_dir, task, args):
             raise UsageError(f"{data_dir} holds other arithmetic data ({have}); give another --data-root")
         return
     print(f"grid: generating {data_dir}")
-    prepare_data.prepare_arithmetic(data_dir, task, 0, args.train_size, args.test_size)
+    arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)
 
 
 def model_fit(data_dir):
     """(block size, vocabulary size): the smallest multiples of 8 that hold the longest sample and the
     regime's vocabulary. Padding costs as much as tokens, and an output row per unused token too."""
-    vocab, splits, _ = prepare_data.load_arithmetic(data_dir)
+    vocab, splits, _ = arithmetic.load(data_dir)
     longest = max(len(line.split()) + 1 for lines in splits.values() for line in lines)
     return -(-longest // 8) * 8, -(-len(vocab.itos) // 8) * 8
 
@@ -90,7 +90,7 @@ def main(argv=None):
             grid = regimes(args)
         except ValueError as e:
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
-        except prepare_data.DataError as e:
+        except DataError as e:
             raise UsageError(str(e)) from None
         routers = list(dict.fromkeys(args.routers.split(",")))
         runs = []

@@ -16,68 +16,58 @@ and RoPE rotates every head at a position alike, so we route before RoPE and the
 cache holds the routed, rotated K/V: exactly the size of a normal cache.
 
 What differs from nanoGPT, in reading order:
+  * `route_reference`: the formula above in plain autograd, the specification.
+  * `Router` and its subclasses: the paper's router and its ablations (`none`, `lime`,
+    `average`, `dynamic`, `last-J`, `first-J`), each one small class that states its weights.
+    A new router is one more class (the README's "Fork it").
+  * `Routing`: carries K/V from layer to layer. Training uses the fast path in kernels.py:
+    one op per layer that torch.compile keeps in a single graph, which stores each layer's
+    K/V once (training memory O(L); autograd through a stack per layer, as in the paper's
+    code, is O(L^2)) and moves each K/V slot as few times as it can.
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `route_reference`, `Router`, `Routing`: the routing, with the ablation modes of the paper
-    (`none`, `lime`, `average`, `last-J`, `first-J`, `dynamic`). `route_reference` is the
-    formula above in plain autograd, the specification. Training uses the fast path in
-    kernels.py: one op per layer that torch.compile keeps in a single graph, which stores
-    each layer's K/V once (training memory O(L); autograd through a stack per layer, as in
-    the paper's code, is O(L^2)) and moves each K/V slot as few times as it can.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis.
 """
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
-
-ROUTER_FORMS = "none, lime, average, dynamic, last-J or first-J (J a positive integer)"
+from cli import POSITIVE, check_fields, option
 
 
 @dataclass
 class GPTConfig:
-    block_size: int = 2048  # longest sequence; sizes the RoPE table and the KV cache
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12  # number of decoder blocks (L)
-    n_head: int = 12  # query heads per layer
-    n_kv_head: int = 12  # key/value heads per layer; divides n_head (fewer = GQA)
-    n_embd: int = 768  # residual stream width (d)
-    mlp_hidden: int = 3072  # SwiGLU hidden width
-    router: str = "lime"  # routing mode: none, lime, average, last-J, first-J, dynamic
-    rope_theta: float = 10000.0  # RoPE base frequency
-    norm_eps: float = 1e-5  # RMSNorm epsilon
+    block_size: int = option(2048, "longest sequence; sizes the RoPE table and the KV cache", rule=POSITIVE)
+    vocab_size: int = option(50304, "vocabulary size (GPT-2's 50257 padded up to a multiple of 64 for speed)",
+                             rule=POSITIVE)
+    n_layer: int = option(12, "number of decoder blocks (L)", rule=POSITIVE)
+    n_head: int = option(12, "query heads per layer", rule=POSITIVE)
+    n_kv_head: int = option(12, "key/value heads per layer; divides n_head (fewer = GQA)", rule=POSITIVE)
+    n_embd: int = option(768, "residual stream width (d)", rule=POSITIVE)
+    mlp_hidden: int = option(3072, "SwiGLU hidden width", rule=POSITIVE)
+    # (its help is a function: read when the routers are all defined, a fork's among them)
+    router: str = option("lime", lambda: f"routing mode: {router_forms()}")
+    rope_theta: float = option(10000.0, "RoPE base frequency", rule=POSITIVE)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", rule=POSITIVE)
 
     def __post_init__(self):
-        parse_router(self.router)
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden"):
-            if not getattr(self, name) >= 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        check_fields(self)
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+        parse_router(self.router)
 
-
-def parse_router(spec):
-    """'first-4' -> ('first', 4); 'lime' -> ('lime', 0). Anything else is a ValueError."""
-    m = re.fullmatch(r"(none|lime|average|dynamic)|(last|first)-([1-9][0-9]*)", str(spec))
-    if m is None:
-        raise ValueError(f"unknown router {spec!r}: expected {ROUTER_FORMS}")
-    return (m[1], 0) if m[1] else (m[2], int(m[3]))
-
-
-def source_layers(mode, J, layer):
-    """The earlier layers (ascending, the layer itself last) that `layer` may read."""
-    if mode == "last":
-        return list(range(max(0, layer - J + 1), layer + 1))
-    if mode == "first":
-        return sorted(set(range(min(layer + 1, J))) | {layer})
-    return list(range(layer + 1)) if mode != "none" else [layer]
+    @classmethod
+    def of(cls, config):
+        """The model's part of a larger config: train.py's, or one saved with a checkpoint (a dict)."""
+        get = config.__getitem__ if isinstance(config, dict) else lambda name: getattr(config, name)
+        return cls(**{f.name: get(f.name) for f in fields(cls)})
 
 
 # -----------------------------------------------------------------------------
@@ -88,8 +78,8 @@ def route_reference(weight, sources):
     """The routing as the paper writes it, in plain autograd: the specification the fast path
     (kernels.py) is tested against. sources: the K/V (B, T, n_kv, E) of the layers read, in order.
 
-        static:   kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
-        dynamic:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)
+        static:     kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
+        per token:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)
 
     Autograd saves the stack, a fresh (l + 1)-layer copy per layer: O(L^2) training memory."""
     src = torch.stack(sources, dim=2)  # (B, T, n_src, n_kv, E)
@@ -98,61 +88,175 @@ def route_reference(weight, sources):
     return torch.einsum("bthj,btjhe->bthe", weight, src)
 
 
+ROUTERS = {}  # --router name -> Router subclass, in the order they are defined; a subclass adds itself
+
+
 class Router(nn.Module):
-    """R^(l) of one layer, over the source layers it may read.
+    """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
+    subclass that says three things:
 
-    Static modes hold R as (n_kv_head, n_src, n_kv_head) for the allowed source layers
-    only, so excluded sources are zero by construction and stay zero in training.
-    `dynamic` mixes layers within each head with per-token weights: a static part plus
-    a zero-initialised linear map of the (normalised) attention input. Layer 0 and
-    `average` have a fixed weight (the identity at layer 0) and no parameters.
+      name              its --router value; a name ending in "-J" takes a positive integer (last-4)
+      source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
+      weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
+                          (n_kv, n_src, n_kv)  weight[h, i, g]: from head g of source i into head h, or
+                          (n_kv, n_src)        the same within each head (no mixing across heads).
+                        A `per_token` router's weights depend on the layer's input x (B, T, C):
+                        (B, T, n_kv, n_src); for x=None it gives their token-independent part.
+
+    The rest is derived from these: the push of the fast path (Routing), the dense matrix that
+    analysis and pruning read (`dense`), whether top-p pruning applies (`prunable`), the FLOP count
+    (GPT.estimate_flops) and the initial values (GPT.init_weights: weights that are a Parameter
+    start as the identity on the layer's own heads and Kaiming-uniform elsewhere).
+    Layer 0 has only itself to read, so its router is `Own` in every mode.
     """
+    name = None
+    per_token = False  # True: the weights depend on the input x, so the routing pulls them (see Routing)
 
-    def __init__(self, config, layer):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            ROUTERS[cls.name] = cls
+
+    def __init__(self, config, layer, J=None):
         super().__init__()
-        self.mode, J = parse_router(config.router)
-        self.layer, self.sources = layer, source_layers(self.mode, J, layer)
-        self.readers = []  # the later layers that read this one (ascending), filled in by GPT
-        self.dynamic = self.mode == "dynamic" and layer > 0
-        n_kv, n_src = config.n_kv_head, len(self.sources)
-        if self.mode == "average" or layer == 0:  # fixed: same head, uniform over layers 0..l
-            w = torch.eye(n_kv).unsqueeze(1).expand(n_kv, n_src, n_kv) / n_src
-            self.register_buffer("weight", w.contiguous(), persistent=False)
-        elif self.dynamic:
-            self.weight = nn.Parameter(torch.empty(n_kv, n_src))
-            self.proj = nn.Linear(config.n_embd, n_kv * n_src, bias=False)
-        else:
-            self.weight = nn.Parameter(torch.empty(n_kv, n_src, n_kv))
+        self.layer, self.n_kv = layer, config.n_kv_head
+        self.sources = self.source_layers(layer, J)
+        assert self.sources == sorted(set(self.sources)) and self.sources[-1] == layer, self.sources
+        self.readers = []  # the later layers that take this layer's push (ascending), filled in by GPT
 
-    def weights(self, x):
-        """R for input x (B, T, C): (n_kv, n_src, n_kv), or (B, T, n_kv, n_src) per token for `dynamic`."""
-        if not self.dynamic:
+    def source_layers(self, layer, J):
+        return list(range(layer + 1))
+
+    def weights(self, x=None):
+        return self.weight
+
+    def matrix(self):
+        """The token-independent weights as (n_kv, n_src, n_kv), within-head weights on the diagonal."""
+        w = self.weights()
+        if w.dim() == 3:
+            return w
+        return w[:, :, None] * torch.eye(self.n_kv, device=w.device, dtype=w.dtype)[:, None, :]
+
+    def dense(self):
+        """R^(l) as (n_kv, l + 1, n_kv), detached: zeros for the sources this router does not read."""
+        R = self.matrix().detach()
+        out = R.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
+        out[:, self.sources] = R
+        return out
+
+    @property
+    def prunable(self):
+        """Top-p pruning zeroes entries of the weights: they must be learned and the same at every token."""
+        return not self.per_token and isinstance(self.weights(), nn.Parameter)
+
+    def reference(self, sources, x):
+        """The routed K/V by route_reference, from the sources' K/V in `self.sources` order."""
+        return route_reference(self.weights(x) if self.per_token else self.matrix(), sources)
+
+
+class Own(Router):
+    """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself:
+    `none`, the LLaMA baseline (GPT skips routing altogether for it), and layer 0 in every mode."""
+    name = "none"
+
+    def __init__(self, config, layer, J=None):
+        super().__init__(config, layer, J)
+        n_src = len(self.sources)
+        self.register_buffer("weight", torch.full((self.n_kv, n_src), 1 / n_src), persistent=False)
+
+    def source_layers(self, layer, J):
+        return [layer]
+
+
+class LIMe(Router):
+    """The paper's router: every (layer <= l, head) pair, learned."""
+    name = "lime"
+
+    def __init__(self, config, layer, J=None):
+        super().__init__(config, layer, J)
+        self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources), self.n_kv))
+
+
+class Average(Own):
+    """Layers 0..l of the same head, uniformly: fixed, no learned weight."""
+    name = "average"
+
+    def source_layers(self, layer, J):
+        return list(range(layer + 1))
+
+
+class Dynamic(Router):
+    """Layers 0..l of the same head with per-token weights: a static part plus a zero-initialised
+    linear map of the (normalised) attention input (the paper's first version)."""
+    name = "dynamic"
+    per_token = True
+
+    def __init__(self, config, layer, J=None):
+        super().__init__(config, layer, J)
+        self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
+        self.proj = nn.Linear(config.n_embd, self.weight.numel(), bias=False)
+
+    def weights(self, x=None):
+        if x is None:
             return self.weight
         B, T, _ = x.shape
-        return self.proj(x).view(B, T, *self.weight.shape) + self.weight
+        return self.proj(x).view(B, T, *self.weight.shape) + self.weight  # (B, T, n_kv, n_src)
 
-    def weight_from(self, layer):
-        """(n_kv, n_kv): how this layer's heads read the heads of source `layer` (static modes)."""
-        return self.weight[:, self.sources.index(layer)]
 
-    def dense_weight(self):
-        """R as (n_kv, l + 1, n_kv): zeros for sources this router cannot read."""
-        n_kv = self.weight.shape[0]
-        R = self.weight.new_zeros(n_kv, self.layer + 1, n_kv)
-        w = self.weight.detach()
-        if self.dynamic:  # (n_kv, n_src) within-head weights -> (n_kv, n_src, n_kv)
-            w = w[:, :, None] * torch.eye(n_kv, device=w.device)[:, None, :]
-        R[:, self.sources] = w
-        return R
+class Last(LIMe):
+    """`lime` over the min(l + 1, J) most recent layers, its own included."""
+    name = "last-J"
+
+    def source_layers(self, layer, J):
+        return list(range(max(0, layer - J + 1), layer + 1))
+
+
+class First(LIMe):
+    """`lime` over the first min(l + 1, J) layers, plus its own."""
+    name = "first-J"
+
+    def source_layers(self, layer, J):
+        return sorted(set(range(min(layer + 1, J))) | {layer})
+
+
+def parse_router(spec):
+    """'first-4' -> (First, 4); 'lime' -> (LIMe, None). Anything else is a ValueError naming the forms."""
+    m = re.fullmatch(r"(.*?)(?:-([1-9][0-9]*))?", str(spec))
+    name = f"{m[1]}-J" if m[2] else m[1]
+    if name not in ROUTERS or name.endswith("-J") != bool(m[2]):
+        forms = router_forms()
+        raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
+    return ROUTERS[name], int(m[2]) if m[2] else None
+
+
+def router_forms(where=None):
+    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only those whose
+    router satisfies it: router_forms(lambda r: r.prunable)."""
+    names = [name for name, cls in ROUTERS.items() if where is None or where(probe(cls))]
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def probe(cls):
+    """A router of class `cls` at layer 1 of a tiny model (J = 1), to read its capabilities from."""
+    tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=2, n_head=1, n_kv_head=1, n_embd=2, mlp_hidden=1,
+                     router="none")
+    return cls(tiny, 1, 1)
+
+
+def make_router(config, layer):
+    """The router of `layer`: None for `none` (there is nothing to route), `Own` at layer 0."""
+    cls, J = parse_router(config.router)
+    return None if cls is Own else cls(config, layer, J) if layer > 0 else Own(config, layer)
 
 
 class Routing:
     """Carries K/V from layer to layer during one forward pass.
 
-    Static modes push (see kernels.py): layer j finishes its own routed K/V and adds its share
-    to the running sums of the later layers that read it, in one op. `dynamic` weights depend
-    on the reading layer's input, so it pulls, one product per source, which autograd saves
-    once for every layer that reads it. With reference=True every mode uses route_reference.
+    Routers whose weights are the same at every token push (see kernels.py): layer j finishes
+    its own routed K/V and adds its share to the running sums of the later layers that read it,
+    in one op. A `per_token` router's weights depend on the reading layer's input, so it pulls,
+    one product per source, which autograd saves once for every layer that reads it. With
+    reference=True every router pulls through route_reference.
     """
 
     def __init__(self, routers, reference=False):
@@ -163,21 +267,21 @@ class Routing:
     def __call__(self, layer, kv, x):
         """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
         router = self.routers[layer]
-        if self.reference or router.mode == "dynamic":
-            self.kvs.append(kv)
-            w, sources = router.weights(x), [self.kvs[j] for j in router.sources]
-            if self.reference or not router.dynamic:  # (dynamic's layer 0 has a fixed identity router)
-                return route_reference(w, sources)
-            # w (B, T, n_kv, n_src): each source's (B, T, n_kv, E) K/V scaled per token and head, summed
+        self.kvs.append(kv)
+        if self.reference or router.per_token:
+            sources = [self.kvs[j] for j in router.sources]
+            if self.reference:
+                return router.reference(sources, x)
+            w = router.weights(x)  # (B, T, n_kv, n_src): each source's K/V scaled per token and head, summed
             return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(kv)
-        targets = [layer] + router.readers
-        # the op adds partials to its first outputs: those targets that have a sum already come first
-        # (pop raises if they did not), because every mode's readers of a layer are consecutive layers
-        partials = [self.partial.pop(l) for l in targets[:sum(l in self.partial for l in targets)]]
-        w = torch.stack([self.routers[l].weight_from(layer) for l in targets])  # (n_targets, n_kv, n_kv)
-        out, *pushed = kernels.route(kv, w, partials)
-        self.partial.update(zip(router.readers, pushed))
-        return out
+        # the op adds the partial sums to its first outputs, so the targets that have one come first
+        targets = sorted([layer] + router.readers, key=lambda l: l not in self.partial)
+        partials = [self.partial.pop(l) for l in targets if l in self.partial]
+        w = torch.stack([self.routers[l].matrix()[:, self.routers[l].sources.index(layer)]
+                         for l in targets])  # (n_targets, n_kv, n_kv): how each target reads this layer
+        outs = dict(zip(targets, kernels.route(kv, w, partials)))
+        self.partial.update((l, outs[l]) for l in router.readers)
+        return outs[layer]
 
 
 # -----------------------------------------------------------------------------
@@ -224,8 +328,7 @@ class Attention(nn.Module):
         # one projection for keys and values: they are routed together, as one 2*head_dim vector
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # `none` is the LLaMA baseline: no router
-        self.router = Router(config, layer) if config.router != "none" else None
+        self.router = make_router(config, layer)  # None for `none`, the LLaMA baseline
 
     def forward(self, x, routing, cos, sin, cache=None):
         B, T, C = x.shape
@@ -281,10 +384,11 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
-        # a plain list (the modules are registered in their blocks); each learns who reads it
+        # a plain list (the modules are registered in their blocks); each learns who takes its push
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
         for r in self.routers:
-            r.readers = [later.layer for later in self.routers[r.layer + 1:] if r.layer in later.sources]
+            r.readers = [later.layer for later in self.routers[r.layer + 1:]
+                         if r.layer in later.sources and not later.per_token]
         self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -312,12 +416,12 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, Router) and isinstance(module.weight, nn.Parameter):
-                w = module.weight  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head for `dynamic`
+            elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
+                w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
                 fan_in = w[0].numel()
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
-                w[:, -1] = 1.0 if module.dynamic else torch.eye(w.shape[0])
+                w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -374,17 +478,8 @@ class GPT(nn.Module):
         """Per layer l, (n_kv_head, l + 1, n_kv_head): weight from (source layer, source head)
         into each target head. Identity on the own layer where there is no router; for
         `dynamic`, the token-independent part."""
-        out = []
-        for layer, block in enumerate(self.transformer.h):
-            router = block.attn.router
-            if router is None:
-                n_kv = self.config.n_kv_head
-                R = torch.zeros(n_kv, layer + 1, n_kv, device=self.rope_cos.device)
-                R[:, layer] = torch.eye(n_kv)
-            else:
-                R = router.dense_weight()
-            out.append(R)
-        return out
+        own = lambda layer: Own(self.config, layer).to(self.rope_cos.device)  # noqa: E731
+        return [(block.attn.router or own(layer)).dense() for layer, block in enumerate(self.transformer.h)]
 
     def num_params(self):
         """Parameter counts by part; the tied embedding is counted once."""
@@ -400,20 +495,16 @@ class GPT(nn.Module):
 
             6 * (weights used in matmuls, the tied head included once, the embedding lookup not)
           + 12 * n_layer * n_head * head_dim * T      (QK^T and AV, non-causal count, as nanoGPT)
-          + 6 * sum_l (non-zero routing coefficients of R^(l)) * 2 * head_dim   (the routing)
+          + 6 * sum_{l > 0} (numbers in R^(l)'s weights()) * 2 * head_dim     (the routing)
 
         The routing term is what LIMe adds: each routed K/V element is a dot product over the
-        allowed sources; it grows as O(L^2) with depth in `lime` and `average`.
+        allowed sources (within-head weights: over the same head only); it grows as O(L^2) with
+        depth in `lime` and `average`. Layer 0 only copies its own K/V.
         """
         c = self.config
         T = seq_len or c.block_size
         head_dim = c.n_embd // c.n_head
         dense = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attention = 12 * c.n_layer * c.n_head * head_dim * T
-        routing = 0
-        for block in self.transformer.h:
-            router = block.attn.router
-            if router is not None and router.layer > 0:  # layer 0 only copies its own K/V
-                n_coef = router.weight.numel() if router.mode != "average" else c.n_kv_head * len(router.sources)
-                routing += 6 * n_coef * 2 * head_dim
+        routing = sum(6 * r.weights().numel() * 2 * head_dim for r in self.routers if r.layer > 0)
         return 6 * dense + attention + routing

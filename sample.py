@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 
-import prepare_data
-from common import (Parser, UsageError, autocast_for, evaluate, load_checkpoint, one_line_errors, pick_device,
-                    synchronize)
+import arithmetic
+import prosqa
+import runs
+from cli import DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, synchronize
+from data import decode_tokens, evaluate, gpt2_encoding
 
 
 class Codec:
@@ -31,15 +33,15 @@ class Codec:
     arithmetic. `stop` ends a generation: the end of a task's sample (None for language)."""
 
     def __init__(self, cfg):
-        self.arithmetic, self.prosqa = cfg["data"] == "arithmetic", cfg["data"] == "prosqa"
+        self.arithmetic, self.prosqa = cfg.data == "arithmetic", cfg.data == "prosqa"
         if self.arithmetic:
-            self.vocab, self.splits, self.task = prepare_data.load_arithmetic(cfg["data_dir"], cfg.get("task"))
+            self.vocab, self.splits, self.task = arithmetic.load(cfg.data_dir, cfg.task)
             self.stop = self.vocab.eos
         else:
-            self.enc = prepare_data.gpt2_encoding()
+            self.enc = gpt2_encoding()
             self.stop = self.enc.eot_token if self.prosqa else None
         if self.prosqa:  # test question -> its answer, for a verdict
-            test = prepare_data.check_prosqa(Path(cfg["data_dir"]) / "prosqa_test.json")
+            test = prosqa.check(Path(cfg.data_dir) / "prosqa_test.json")
             self.answers = {r["question"].strip(): r["answer"] for r in test}
 
     def encode(self, text):
@@ -48,15 +50,15 @@ class Codec:
             try:  # a clear error for anything that is not a task expression
                 self.task.parse(text)
                 return self.vocab.encode(text + " =")
-            except prepare_data.DataError as e:
+            except DataError as e:
                 raise UsageError(f"--start: {e}") from None
         if self.prosqa:  # the prompt as in training: end-of-text, the question, a newline
-            return [self.stop] + self.enc.encode_ordinary(prepare_data.prosqa_texts(
+            return [self.stop] + self.enc.encode_ordinary(prosqa.texts(
                 dict(question=text.strip(), steps=[], answer=""))[0])
         return self.enc.encode(text, allowed_special={"<|endoftext|>"})
 
     def decode(self, ids):
-        return self.vocab.decode(ids) if self.arithmetic else prepare_data.decode_tokens(self.enc, ids)
+        return self.vocab.decode(ids) if self.arithmetic else decode_tokens(self.enc, ids)
 
 
 def prompts(args, codec, n):
@@ -64,7 +66,7 @@ def prompts(args, codec, n):
     if args.start is None and codec.arithmetic:
         rng = random.Random(args.seed)
         tests = [line for k in codec.task.tiers for line in codec.splits[f"test_{k}"]]
-        return [prepare_data.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
+        return [arithmetic.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
     if args.start is None and codec.prosqa:
         return random.Random(args.seed).sample(list(codec.answers), min(n, len(codec.answers)))
     text = "<|endoftext|>" if args.start is None else args.start
@@ -98,7 +100,7 @@ def generate(model, codec, args, device, autocast):
         speed = f"{len(new) / (time.time() - t):,.0f} tokens/s"
         if codec.arithmetic:
             solution = codec.decode(new).split("<eos>")[0].strip()
-            got = prepare_data.final_answer(solution)
+            got = arithmetic.final_answer(solution)
             answer = codec.task.evaluate(codec.task.parse(codec.decode(ids[:-1])))
             verdict = "right" if got == answer else f"wrong, the answer is {answer}"
             print(f"{codec.decode(ids)} {solution}   [{verdict}] ({speed})")
@@ -106,7 +108,7 @@ def generate(model, codec, args, device, autocast):
             completion = codec.decode(new[: new.index(codec.stop)] if codec.stop in new else new)
             answer = codec.answers.get(text.strip())
             verdict = "not a test question" if answer is None else \
-                "right" if prepare_data.prosqa_correct(completion, answer) else f"wrong, the answer is {answer!r}"
+                "right" if prosqa.correct(completion, answer) else f"wrong, the answer is {answer!r}"
             print(f"{text.strip()}\n{completion}\n--- [{verdict}] ({speed})")
         else:
             print(f"{codec.decode(ids)}{codec.decode(new)}\n--- {len(new)} tokens, {speed}")
@@ -140,11 +142,11 @@ def main(argv=None):
         if args.top_k is not None and args.top_k < 1:
             raise UsageError(f"--top-k must be positive, got {args.top_k}")
         device = pick_device(args.device)
-        cfg, model = load_checkpoint(args.out_dir, device)
-        cfg["data_dir"] = args.data_dir or cfg["data_dir"]
+        cfg, model = runs.load_checkpoint(args.out_dir, device, args.data_dir)
         autocast = autocast_for(device)
         if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
-            metrics = evaluate(model, model, prepare_data.load_data(cfg, with_train=False), cfg, device, autocast)
+            data = runs.load_data(cfg, with_train=False)
+            metrics = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
             print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             return metrics
         codec = Codec(cfg)

@@ -1,0 +1,365 @@
+"""
+The Arithmetic Expression Task (the paper's Section 5.3.2 and Appendix B): solve an expression
+over integers step by step, scored by the final number. Generated here, offline; the paper does
+not publish its generator.
+
+    python prepare_data.py arithmetic --show 5       # a data folder: train, val_N, test_N, meta.json
+
+A data folder holds plain text, one sample per line ('EXPR = STEP = ... = ANSWER'), and its
+regime in meta.json, with the task's small vocabulary in which every integer is one token.
+`Data` is what training reads: samples as rows, and accuracy per tier by greedy generation.
+"""
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli import DataError, atomic_write
+from data import TaskRows, greedy_accuracy
+
+# The task
+#
+# An expression is a tree: a number, or (op, left, right). It is written with the fewest
+# parentheses that keep its structure, and solved one operation per step, always the
+# leftmost operation whose operands are both numbers (a post-order walk):
+#   ( 7 + 5 ) / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 4 * 3 - 2 * 7 ) = 12 / ( 6 + 12 - 2 * 7 ) = ... = 3
+# The regimes the task spans, all in Task and in each data folder's meta.json:
+# - field: `int`, whole numbers 1..max_operand combined into values in 0..max_value, division exact
+#   (ours); or `mod`, the integers mod a prime P, division by the modular inverse (Feng et al. 2023,
+#   which the paper's source, Arefin et al. 2024, follows: P = 11).
+# - count: what a tier's number counts, operands (ours) or operators (Feng et al.'s: 6 operators = 7 numbers).
+# - target: the whole step-by-step solution, or only the answer right after the expression's '='.
+
+OPS = ("+", "-", "*", "/")
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One regime of the task. The defaults are the task as this repo first generated it, so that a
+    meta.json written before these knobs existed loads as what it is."""
+    field: str = "int"  # int: whole numbers, exact division; mod: the integers mod `modulus`
+    modulus: int = 11  # mod: P, a prime, so that every nonzero number has an inverse
+    max_operand: int = 20  # int: operands are drawn from 1..max_operand
+    max_value: int = 999  # int: every intermediate value is in 0..max_value
+    count: str = "operands"  # what a tier's number counts: operands or operators
+    tiers: tuple = (4, 5, 6)  # the tiers generated, trained on together and scored one by one
+    target: str = "steps"  # steps: the whole solution; answer: only the final number
+
+    def __post_init__(self):
+        object.__setattr__(self, "tiers", tuple(self.tiers))  # JSON gives a list
+        for name, choices in (("field", ("int", "mod")), ("count", ("operands", "operators")),
+                              ("target", ("steps", "answer"))):
+            if getattr(self, name) not in choices:
+                raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
+        if self.field == "mod" and not (self.modulus >= 2 and all(self.modulus % d for d in range(2, self.modulus))):
+            raise DataError(f"--modulus must be a prime (every nonzero number needs an inverse), got {self.modulus}")
+        if self.field == "int" and not 1 <= self.max_operand <= self.max_value:
+            raise DataError(f"--max-operand must be in 1..--max-value ({self.max_value}), got {self.max_operand}")
+        if not self.tiers or min(self.tiers) < (1 if self.count == "operators" else 2) or len(set(self.tiers)) < len(self.tiers):
+            raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
+
+    @classmethod
+    def from_meta(cls, meta):
+        return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
+
+    @property
+    def name(self):
+        """A short label of the regime, e.g. 'mod11-answer' or 'int-steps'."""
+        return f"{'int' if self.field == 'int' else f'mod{self.modulus}'}-{self.target}"
+
+    @property
+    def label(self):
+        """The name with the tiers, e.g. 'mod11-answer, tiers 4,5,6 operators'."""
+        return f"{self.name}, tiers {','.join(map(str, self.tiers))} {self.count}"
+
+    @property
+    def top(self):
+        """The largest number that can occur."""
+        return self.max_value if self.field == "int" else self.modulus - 1
+
+    def vocab(self):
+        return ["<eos>", "=", "(", ")", *OPS, *map(str, range(self.top + 1))]
+
+    def apply(self, op, a, b):
+        """a op b, or None where the regime does not allow it (inexact division, a value out of range)."""
+        if self.field == "mod":
+            if op == "/":  # a / b = a * b^-1: the one b with b * (a / b) = a
+                return None if b % self.modulus == 0 else a * pow(b, -1, self.modulus) % self.modulus
+            return (a + b if op == "+" else a - b if op == "-" else a * b) % self.modulus
+        if op == "/":
+            return a // b if b > 0 and a % b == 0 else None
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return value if 0 <= value <= self.max_value else None
+
+    def evaluate(self, node):
+        return node if isinstance(node, int) else self.apply(node[0], self.evaluate(node[1]), self.evaluate(node[2]))
+
+    def random_expression(self, rng, tier):
+        n = tier + 1 if self.count == "operators" else tier  # operands
+        return self.bottom_up(rng, n) if self.field == "int" else self.top_down(rng, rng.randrange(self.modulus), n - 1)
+
+    def bottom_up(self, rng, n):
+        """int: a random tree over n operands, redrawn until every step is valid."""
+        if n == 1:
+            return rng.randint(1, self.max_operand)
+        while True:
+            k = rng.randint(1, n - 1)
+            left, right = self.bottom_up(rng, k), self.bottom_up(rng, n - k)
+            a, b = self.evaluate(left), self.evaluate(right)
+            ops = [op for op in OPS if self.apply(op, a, b) is not None]
+            if ops:
+                return (rng.choice(ops), left, right)
+
+    def top_down(self, rng, answer, n_ops):
+        """mod, as Feng et al. build it: from the answer, n_ops times replace a random number x by
+        `a op b` with a and op uniform and b solved so that the value stays x ((op, a) redrawn where
+        no b exists). Every step is valid by construction, so nothing is rejected afterwards."""
+        tree = answer
+        for _ in range(n_ops):
+            k = rng.randrange(count_numbers(tree))
+            tree = replace_number(tree, k, lambda x: self.split(rng, x))
+        return tree
+
+    def split(self, rng, x):
+        P = self.modulus
+        while True:
+            op, a = rng.choice(OPS), rng.randrange(P)
+            if op == "+":
+                return (op, a, (x - a) % P)
+            if op == "-":
+                return (op, a, (a - x) % P)
+            if op == "*" and a:
+                return (op, a, x * pow(a, -1, P) % P)
+            if op == "*" and x == 0:  # 0 * b = 0 for every b
+                return (op, a, rng.randrange(P))
+            if op == "/" and x and a:  # a / b = x  <=>  b = a / x, nonzero since a is
+                return (op, a, a * pow(x, -1, P) % P)
+            if op == "/" and x == 0 and a == 0:  # 0 / b = 0 for every nonzero b
+                return (op, a, rng.randrange(1, P))
+
+    def solution(self, expr):
+        """The sample: 'EXPR = STEP = ... = ANSWER', one operation per step, or 'EXPR = ANSWER'."""
+        steps = [render(expr)]
+        while not isinstance(expr, int):
+            expr = self.solve_step(expr)
+            steps.append(render(expr))
+        return " = ".join(steps if self.target == "steps" else [steps[0], steps[-1]])
+
+    def solve_step(self, node):
+        """Carry out the leftmost operation whose operands are both numbers."""
+        op, left, right = node
+        if not isinstance(left, int):
+            return (op, self.solve_step(left), right)
+        if not isinstance(right, int):
+            return (op, left, self.solve_step(right))
+        return self.apply(op, left, right)
+
+    def parse(self, text):
+        """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3); DataError unless every step is valid in this regime."""
+        def check(n):  # bottom-up, so that an operation is only applied to valid values
+            if isinstance(n, int):
+                if n > self.top:
+                    raise DataError(f"{n} is out of the task's range 0..{self.top}")
+                return n
+            value = self.apply(n[0], check(n[1]), check(n[2]))
+            if value is None:
+                raise DataError(f"{render(n)} " + ("divides by 0" if self.field == "mod" else
+                                f"does not give a whole number in 0..{self.max_value}, as the task requires"))
+            return value
+
+        node = parse_tree(text)
+        check(node)
+        return node
+
+
+# The regime `prepare_data.py arithmetic` and --preset=arith generate unless told otherwise (see the README)
+# (chosen with grid.py on the validation split: the largest lead of LIMe at the hardest tier, though within noise)
+DEFAULTS = dict(field="mod", count="operators", tiers=(4, 5, 6), target="answer")
+# The CPU quick start (--preset=tiny) keeps the task as this repo first made it: LIMe leads there within minutes
+QUICK_START = Task()
+
+
+def count_numbers(node):
+    return 1 if isinstance(node, int) else count_numbers(node[1]) + count_numbers(node[2])
+
+
+def replace_number(node, k, new):
+    """node with its k-th number x (left to right) replaced by new(x)."""
+    if isinstance(node, int):
+        return new(node)
+    op, left, right = node
+    n = count_numbers(left)
+    return (op, replace_number(left, k, new), right) if k < n else (op, left, replace_number(right, k - n, new))
+
+
+def render(node, parent_prec=0, right_side=False):
+    """Space-separated tokens; a right operand of equal precedence keeps its parentheses."""
+    if isinstance(node, int):
+        return str(node)
+    op, left, right = node
+    prec = PRECEDENCE[op]
+    text = f"{render(left, prec)} {op} {render(right, prec, True)}"
+    return f"( {text} )" if prec < parent_prec or (right_side and prec == parent_prec) else text
+
+
+def parse_tree(text):
+    """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3), the structure alone; DataError unless well formed."""
+    tokens, pos = text.split(), 0
+
+    def parse(level):  # level 1: + -, level 2: * /, level 3: a number or ( ... )
+        nonlocal pos
+        if level == 3:
+            tok = tokens[pos] if pos < len(tokens) else "end of input"
+            pos += 1
+            if tok == "(":
+                node = parse(1)
+                if pos >= len(tokens) or tokens[pos] != ")":
+                    raise DataError(f"missing ')' in {text!r}")
+                pos += 1
+                return node
+            if not tok.isdigit():
+                raise DataError(f"expected a number, got {tok!r} in {text!r}")
+            return int(tok)
+        node = parse(level + 1)
+        while pos < len(tokens) and PRECEDENCE.get(tokens[pos]) == level:
+            op = tokens[pos]
+            pos += 1
+            node = (op, node, parse(level + 1))
+        return node
+
+    node = parse(1)
+    if pos != len(tokens):
+        raise DataError(f"unexpected {tokens[pos]!r} in {text!r}")
+    return node
+
+
+def generate(task, seed, train_size, test_size):
+    """{'train': [lines], 'test_4': [lines], ..., 'val_4': [lines], ...}: train_size samples per tier
+    in train, test_size per tier in each test and validation split. No expression occurs twice
+    across splits: validation, for choosing settings, is as unseen as the test."""
+    rng = random.Random(seed)
+    out = {"train": [task.solution(task.random_expression(rng, n)) for n in task.tiers for _ in range(train_size)]}
+    seen = {line.split(" = ")[0] for line in out["train"]}
+    for split in ("test", "val"):
+        for n in task.tiers:
+            lines, tries = [], 0
+            while len(lines) < test_size:
+                line = task.solution(task.random_expression(rng, n))
+                tries += 1
+                if line.split(" = ")[0] not in seen:
+                    seen.add(line.split(" = ")[0])
+                    lines.append(line)
+                elif tries > 100 * test_size:
+                    raise DataError(f"tier {n} has too few distinct expressions for {test_size} unseen ones: "
+                                    f"lower --test-size or --train-size")
+            out[f"{split}_{n}"] = lines
+    return out
+
+
+def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000):
+    data = generate(task, seed, train_size, test_size)
+    for name, lines in data.items():
+        path = Path(data_dir) / f"{name}.txt"
+        atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+        print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
+    meta = dict(vocab=task.vocab(), seed=seed, train_size=train_size, test_size=test_size, **dataclasses.asdict(task))
+    atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+    print(f"{Path(data_dir) / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
+
+
+class Vocab:
+    """Whitespace tokens <-> ids for the arithmetic task."""
+
+    def __init__(self, tokens):
+        self.itos = list(tokens)
+        self.stoi = {t: i for i, t in enumerate(self.itos)}
+        self.eos = self.stoi["<eos>"]
+
+    def encode(self, text):
+        try:
+            return [self.stoi[t] for t in text.split()]
+        except KeyError as e:
+            raise DataError(f"{e.args[0]!r} is not in the task vocabulary ({' '.join(self.itos[1:8])}, "
+                            f"numbers 0..{len(self.itos) - 9})") from None
+
+    def decode(self, ids):
+        return " ".join(self.itos[i] for i in ids)
+
+
+def load(data_dir, trained_on=None):
+    """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task). A folder written
+    before the validation split existed has none. trained_on: the task a run's config names (its
+    fields as a dict); a folder that holds another one is a DataError, not a score on the wrong task."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "meta.json").exists():
+        where = "" if data_dir == Path("data/arithmetic") else f" --data-dir {data_dir}"
+        raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
+    meta = json.loads((data_dir / "meta.json").read_text())
+    task = Task.from_meta(meta)
+    if trained_on and Task.from_meta(trained_on) != task:
+        raise DataError(f"{data_dir} holds the task {task.label}, but the run was trained on "
+                        f"{Task.from_meta(trained_on).label}: give --data-dir the run's data")
+    splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
+    return Vocab(meta["vocab"]), splits, task
+
+
+def split_sample(line):
+    """'EXPR = ... = ANSWER' -> ('EXPR =', ANSWER): the prompt and the right final answer."""
+    expr, _, rest = line.partition(" = ")
+    return expr + " =", int(rest.split()[-1] if rest else expr)
+
+
+def final_answer(generated):
+    """The number after the last '=' of a generated solution, or None if there is none."""
+    tail = generated.split("<eos>")[0].split("=")[-1].split()
+    return int(tail[0]) if len(tail) == 1 and tail[0].isdigit() else None
+
+
+
+class Data(TaskRows):
+    """The arithmetic task, in the regime its folder's meta.json names (`task`). Accuracy on the first
+    eval_samples expressions of each tier: `tests` from the test split, `vals` from the validation
+    split (empty for a folder made before it existed). Validation loss on the validation rows
+    (the test rows, for such an old folder)."""
+
+    def __init__(self, cfg, with_train=True):
+        # only training generates the task: evaluating or analysing a run reads it, like any other data
+        if with_train and not (Path(cfg.data_dir) / "meta.json").exists() and cfg.preset in ("tiny", "arith"):
+            print(f"preparing the arithmetic task in {cfg.data_dir} (once, offline)")
+            prepare(cfg.data_dir, QUICK_START if cfg.preset == "tiny" else Task(**DEFAULTS))
+        self.vocab, splits, self.task = load(cfg.data_dir, cfg.task)
+        self.T, n = cfg.block_size, cfg.eval_samples
+        self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
+        self.tests = {k: splits[f"test_{k}"][:n] for k in self.task.tiers}
+        self.vals = {k: splits[f"val_{k}"][:n] for k in self.task.tiers if f"val_{k}" in splits}
+        self.val = [self.encode_row(line) for lines in (self.vals or self.tests).values() for line in lines]
+        self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
+        self.train_size, self.label, self.regime = len(self.train), self.task.label, dataclasses.asdict(self.task)
+        self.longest = max(len(ids) for ids, _ in self.train + self.val)
+        # a solution ends with the end token; an answer is one token, all that is generated
+        self.max_new_tokens = cfg.block_size if self.task.target == "steps" else 1
+
+    def encode_row(self, line):
+        """(token ids, the prompt's length: up to the first '='). A solution ends with <eos>, which is
+        learned so that generation stops; an answer has none, so the loss covers the answer alone."""
+        end = [self.vocab.eos] if self.task.target == "steps" else []
+        return self.vocab.encode(line) + end, line.split().index("=") + 1
+
+    def metrics(self, model, device, rank=0, world=1, final=True):
+        """Accuracy per tier: val_acc_4, ... on the validation split at every evaluation, and acc_4, ...
+        on the test split only at the end (`final`), so that the test is not what a run is steered
+        by. A folder made before the validation split existed reports the test every time."""
+        splits = [("val_", self.vals)] if self.vals else []
+        splits += [("", self.tests)] if final or not self.vals else []
+        return {f"{prefix}acc_{n}": self.accuracy(model, lines, device, rank, world)
+                for prefix, split in splits for n, lines in split.items()}
+
+    def accuracy(self, model, lines, device, rank=0, world=1):
+        """Share of expressions whose greedy, open-ended solution (or answer) ends in the right answer."""
+        items = [(self.vocab.encode(prompt), answer) for prompt, answer in map(split_sample, lines)]
+        return greedy_accuracy(model, items, lambda ids, answer: final_answer(self.vocab.decode(ids)) == answer,
+                               self.vocab.eos, self.max_new_tokens, device, rank=rank, world=world)
+

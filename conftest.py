@@ -1,0 +1,197 @@
+"""What the test files share: small models, a local file server, tiny training runs (made once
+per session), and the check that a script failed in one line. The tests run on the CPU, with no
+network. Run them with `python -m pytest -q`."""
+
+import http.server
+import json
+import os
+import random
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import tiktoken
+import torch
+
+if not torch.cuda.is_available():  # before lime imports kernels.py: Triton kernels then run on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import arithmetic  # noqa: E402
+import prosqa  # noqa: E402
+import train  # noqa: E402
+from data import write_shard  # noqa: E402
+from lime import GPT, GPTConfig  # noqa: E402
+
+
+def small_config(router, **kw):
+    base = dict(block_size=32, vocab_size=64, n_layer=6, n_head=4, n_kv_head=2, n_embd=32, mlp_hidden=64, router=router)
+    return GPTConfig(**{**base, **kw})
+
+
+def small_model(router, seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(small_config(router, **kw))
+
+
+def tokens(B=2, T=16, vocab=64, seed=1):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def error_of(main, argv, capsys, code=2):
+    """A script's main(argv) that must fail: checks the exit code (2 for bad usage, 1 for a failure
+    at run time) and that stderr is one line, and returns that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == code, (e.value.code, err)
+    assert err.endswith("\n") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def snapshot(*roots):
+    """Every path under the roots, with the bytes of each file."""
+    return {p: p.read_bytes() if p.is_file() else None for root in roots for p in [root, *root.rglob("*")]}
+
+
+class FileServer:
+    """Serves bytes from 127.0.0.1 with HTTP Range; can cut a file's first response halfway."""
+
+    def __init__(self, files, cut_once=()):
+        self.files, self.cut_once, self.requests = dict(files), set(cut_once), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                server.requests.append((name, self.headers.get("Range")))
+                if name not in server.files:
+                    self.send_error(404)
+                    return
+                data = server.files[name]
+                start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                if name in server.cut_once:  # announce everything, send half, hang up
+                    server.cut_once.discard(name)
+                    self.wfile.write(data[start:start + (len(data) - start) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(data[start:])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        # a short poll: close() waits for the loop to see the shutdown, half a second per test by default
+        threading.Thread(target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.01), daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(files, cut_once=()):
+        servers.append(FileServer(files, cut_once))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def small_encoding():
+    """A byte-level tiktoken Encoding with the GPT-2 split pattern: no download."""
+    return tiktoken.Encoding(
+        name="test-bytes",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={"<|endoftext|>": 256},
+    )
+
+
+@pytest.fixture
+def offline_gpt2(monkeypatch):
+    """GPT-2's vocabulary is a download: the small encoding stands in for it wherever it is asked for."""
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: small_encoding())
+    return small_encoding()
+
+
+@pytest.fixture(scope="session")
+def arith_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("arith")
+    arithmetic.prepare(path, arithmetic.Task(), seed=0, train_size=100, test_size=10)
+    return path
+
+
+def tiny_args(arith_dir, out_dir, *extra):
+    return ["--preset=tiny", f"--data-dir={arith_dir}", f"--out-dir={out_dir}", "--n-layer=2", "--n-head=2",
+            "--n-kv-head=2", "--n-embd=32", "--mlp-hidden=64", "--batch-size=8", "--micro-batch-size=4",
+            "--max-steps=12", "--eval-interval=6", "--eval-samples=1", "--log-interval=1", "--warmup-steps=2", *extra]
+
+
+def read_log(out_dir):
+    return [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def train_losses(out_dir):
+    return {r["step"]: r["loss"] for r in read_log(out_dir) if "loss" in r}
+
+
+@pytest.fixture(scope="session")
+def whole_run(arith_dir, tmp_path_factory):
+    """tiny_args's 12 steps in one go: what every interrupted and resumed run must equal."""
+    out = tmp_path_factory.mktemp("whole")
+    train.main(tiny_args(arith_dir, out))
+    return out
+
+
+def assert_same_run(out, whole):
+    assert train_losses(out) == train_losses(whole)  # exactly, on CPU
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (whole, out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="session")
+def arith_run(arith_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith_run")
+    train.main(tiny_args(arith_dir, out, "--max-steps=6"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def language_run(tmp_path_factory):
+    """A few steps on GPT-2-format shards of text tokenised with the small test encoding."""
+    folder, out = tmp_path_factory.mktemp("lang_data"), tmp_path_factory.mktemp("lang_run")
+    enc = small_encoding()
+    text = "To be, or not to be, that is the question. " * 200
+    write_shard(folder / "text_train_000000.bin", [enc.eot_token] + enc.encode_ordinary(text))
+    write_shard(folder / "text_val_000000.bin", [enc.eot_token] + enc.encode_ordinary(text[:2000]))
+    train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={folder}", f"--out-dir={out}", "--vocab-size=320",
+                "--block-size=32", "--n-layer=2", "--n-embd=32", "--n-head=2", "--n-kv-head=2", "--batch-size=8",
+                "--micro-batch-size=8", "--max-steps=6", "--eval-interval=6", "--eval-tokens=512"])
+    return out
+
+
+def prosqa_records(n, seed):
+    """ProsQA's format, in miniature: a two-step proof of the answer."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        who, (a, b, c) = rng.choice(["Al", "Bo", "Cy"]), rng.sample(["wu", "yu", "zo", "ri", "le"], 3)
+        records.append(dict(question=f"Every {a} is a {b}. {who} is a {a}. Is {who} a {b} or {c}?",
+                            steps=[f"{who} is a {a}.", f"Every {a} is a {b}."], answer=f"{who} is a {b}."))
+    return records
+
+
+def prosqa_files(sizes=(32, 4, 4)):
+    return {f"prosqa_{split}.json": json.dumps(prosqa_records(n, i)).encode()
+            for i, (split, n) in enumerate(zip(prosqa.SPLITS, sizes))}

@@ -1,0 +1,215 @@
+"""
+The data that training and evaluation read, and the evaluation every data set shares.
+
+Token data sets (FineWeb-Edu, Tiny Shakespeare) are shards in the llm.c format: a 1024-byte
+header of 256 int32 (magic 20240520, version 1, token count) followed by uint16 tokens.
+Training reads random windows of them; validation, fixed windows from the start of the
+validation shard. A task (arithmetic.py, prosqa.py) is a list of samples, each a prompt and
+what follows it, padded into rows with the loss on what follows the prompt only. Batches are
+a pure function of (seed, step, rank), so a resumed run sees exactly the batches an
+uninterrupted one would.
+
+Every data set has the same face: batch(rng, n) for training, val_batches() for the loss,
+metrics() for what else it scores (a task's accuracy), and val_sequences() for analysis.
+"""
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from cli import DataError, atomic_write
+
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
+
+
+def batch_rng(seed, step, rank, micro):
+    return np.random.default_rng([seed, step, rank, micro])
+
+
+# -----------------------------------------------------------------------------
+# Token shards
+
+
+def write_shard(path, tokens):
+    tokens = np.asarray(tokens)
+    assert tokens.min() >= 0 and tokens.max() < 2**16, "shards hold uint16 tokens"
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = MAGIC, VERSION, len(tokens)
+    atomic_write(path, lambda f: (f.write(header.tobytes()), f.write(tokens.astype("<u2").tobytes())))
+
+
+def check_shard(path):
+    """Raise DataError unless `path` has a valid header and exactly the tokens it announces."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    name = Path(path).name.removesuffix(".part")
+    if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:
+        raise DataError(f"{name}: not a token shard (bad magic or version in the header)")
+    expected = HEADER_BYTES + 2 * int(header[2])
+    size = os.path.getsize(path)
+    if size != expected:
+        raise DataError(f"{name}: {size} bytes, but its header announces {header[2]} tokens ({expected} bytes)")
+    return int(header[2])
+
+
+def read_shard(path):
+    check_shard(path)
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
+
+
+def load_tokens(data_dir, split):
+    """All shards of one split ('train' or 'val') of a token dataset, as uint16 arrays."""
+    paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
+    if not paths:
+        raise DataError(f"no {split} shards in {data_dir}")
+    return [read_shard(p) for p in paths]
+
+
+def gpt2_encoding():
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken fetches the vocabulary on first use
+        raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {e}") from None
+
+
+def decode_tokens(enc, ids):
+    """Text of token ids. An id the encoding does not have (the model's vocabulary is padded past
+    GPT-2's 50257, and an untrained model may pick one) reads as U+FFFD rather than failing."""
+    known = enc.n_vocab
+    return b"".join(enc.decode_single_token_bytes(i) if i < known else "\ufffd".encode() for i in ids).decode(
+        "utf-8", errors="replace")
+
+
+class TokenData:
+    """Random windows of block_size + 1 tokens from the train shards; fixed windows from the start
+    of the validation shard (the first eval_tokens), so that every run is evaluated on the same tokens.
+    `cfg`: a run's config (a TrainConfig, or the one saved with a checkpoint)."""
+    train_size = vocab_size = longest = None  # windows, not samples: no epochs, any vocabulary fits
+    label = regime = None  # one data set, no variants
+
+    def __init__(self, cfg, with_train=True):
+        val = load_tokens(cfg.data_dir, "val")[0]
+        T = cfg.block_size
+        n = min(cfg.eval_tokens, len(val) - 1) // T
+        if n < 1:
+            raise DataError(f"validation shard in {cfg.data_dir} is shorter than one block of {T}")
+        self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
+        self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
+        self.T = T
+        if with_train:
+            self.train = load_tokens(cfg.data_dir, "train")
+            self.sizes = np.array([len(s) - T - 1 for s in self.train])
+            if self.sizes.min() < 1:
+                raise DataError(f"a train shard in {cfg.data_dir} is shorter than one block of {T}")
+
+    def batch(self, rng, n):
+        shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())
+        starts = rng.integers(0, self.sizes[shard])
+        rows = np.stack([self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, starts)])
+        rows = torch.from_numpy(rows)  # (n, T + 1)
+        return rows[:, :-1], rows[:, 1:]
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val_x), size * world):
+            yield self.val_x[i: i + size], self.val_y[i: i + size]
+
+    def val_sequences(self, n, seq_len):
+        """The first n validation windows, seq_len tokens each."""
+        return [x[:seq_len] for x in self.val_x[:n]]
+
+    def metrics(self, model, device, rank=0, world=1, final=True):
+        return {}  # language: the loss is all
+
+
+class TaskRows:
+    """A task's samples as rows of block_size tokens, the loss only on what follows the prompt.
+    A subclass fills `train` and `val` with (token ids ending with the end token, prompt length),
+    `pad` (the end token), `train_size`, and `longest` (tokens, the end token included) and
+    `vocab_size` for the caller to check against the model; and says what it scores (metrics)."""
+    label = regime = None  # a task with variants: what to print about the one loaded, and its fields (a dict)
+
+    def collate(self, rows):
+        """Inputs padded with the end token; targets only after the prompt, -1 elsewhere."""
+        x = torch.full((len(rows), self.T), self.pad)
+        y = torch.full((len(rows), self.T), -1)
+        for i, (ids, n_prompt) in enumerate(rows):
+            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
+            y[i, n_prompt - 1: len(ids) - 1] = torch.tensor(ids[n_prompt:])
+        return x, y
+
+    def batch(self, rng, n):
+        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+
+    def val_batches(self, size, rank, world):
+        for i in range(rank * size, len(self.val), size * world):
+            yield self.collate(self.val[i: i + size])
+
+    def val_sequences(self, n, seq_len=None):
+        """The first n validation samples, unpadded, without their end token."""
+        return [torch.tensor(ids[:-1]) for ids, _ in self.val[:n]]
+
+
+# -----------------------------------------------------------------------------
+# Evaluation: the same fixed validation set for every run, so router modes compare exactly
+
+
+@torch.no_grad()
+def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world=1):
+    """Mean cross-entropy over the fixed validation set (summed over processes)."""
+    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of tokens)
+    for x, y in data.val_batches(micro_batch_size, rank, world):
+        x, y = x.to(device), y.to(device)
+        with autocast:
+            logits = model(x)[0]
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                                 reduction="sum")
+        total += torch.stack([loss.double(), (y != -1).sum().double()])
+    if world > 1:
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+@torch.no_grad()
+def greedy_accuracy(model, items, judge, stop, max_new_tokens, device, batch_size=256, rank=0, world=1):
+    """Share of items (prompt ids, reference) for which judge(generated ids, reference) holds. The
+    generation is greedy and open-ended: it ends at the `stop` token (cut off before judging) or after
+    max_new_tokens. Prompts of equal length share a batch, so the KV cache needs no padding."""
+    by_length = {}
+    for prompt, reference in items[rank::world]:
+        by_length.setdefault(len(prompt), []).append((prompt, reference))
+    correct = torch.zeros(2, device=device)  # (right answers, items)
+    for length, group in by_length.items():
+        n_new = min(max_new_tokens, model.config.block_size - length)
+        for i in range(0, len(group), batch_size):
+            chunk = group[i: i + batch_size]
+            idx = torch.tensor([ids for ids, _ in chunk], device=device)  # (len(chunk), length)
+            out = model.generate(idx, n_new, temperature=0, stop=stop)
+            for row, (_, reference) in zip(out[:, length:].tolist(), chunk):
+                correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
+            correct[1] += len(chunk)
+    if world > 1:
+        dist.all_reduce(correct)
+    return (correct[0] / correct[1].clamp(min=1)).item()
+
+
+def evaluate(model, raw_model, data, micro_batch_size, device, autocast, rank=0, world=1, final=True):
+    """Validation loss and perplexity, plus what the data set scores besides (data.metrics: a task's
+    accuracy). `final`: the end of a run, where a task looks at its test split too. `model` may be
+    compiled or wrapped; generation runs on the plain `raw_model`."""
+    model.eval()
+    # NOTE a DDP forward syncs buffers across processes, so one process with no validation batch (fewer rows
+    # than processes x micro-batch) would hang the rest: evaluate through the module it wraps
+    plain = model.module if isinstance(model, DistributedDataParallel) else model
+    loss = evaluate_loss(plain, data, micro_batch_size, device, autocast, rank, world)
+    out = dict(val_loss=loss, val_ppl=math.exp(min(loss, 50)))
+    with autocast:
+        out.update(data.metrics(raw_model, device, rank, world, final))
+    model.train()
+    return out

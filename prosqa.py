@@ -1,0 +1,125 @@
+"""
+ProsQA (Hao et al. 2024; the paper's Section 5.3.1): questions over a graph of made-up concepts,
+answered with the chain of facts that proves the answer. The paper fine-tunes its pretrained
+150M models on it and scores open generation on the test split.
+
+    python prepare_data.py prosqa                    # ~18k / 300 / 500 questions -> GPT-2 tokens
+
+A data folder holds each split's JSON file from the Coconut repository and its GPT-2 tokens
+(prosqa_<split>.npz). `Data` is what training reads: questions as rows, and accuracy on the
+test questions by greedy generation, judged by `correct`.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cli import DataError
+from data import TaskRows, decode_tokens, gpt2_encoding, greedy_accuracy
+
+URL = "https://raw.githubusercontent.com/facebookresearch/coconut/main/data"
+SPLITS = ("train", "valid", "test")
+
+# The files (Hao et al. 2024): questions over a graph of made-up concepts, answered with the path
+# that proves the answer. The files come from the Coconut repository, whose layout we follow:
+#   <eot>Every shumpus is a rempus. ... Is Tom a lempus or scrompus?\n      <- the prompt
+#   Tom is a terpus.\nEvery terpus is a brimpus.\nEvery brimpus is a lempus.\n### Tom is a lempus.<eot>
+
+
+def check(path):
+    """The records of a ProsQA file. A DataError unless it is a JSON list of objects, each with a
+    `question` (text), its reasoning `steps` (a list of texts) and an `answer` (text)."""
+    name = Path(path).name.removesuffix(".part")
+    try:
+        records = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise DataError(f"{name} is missing from {Path(path).parent}") from None
+    except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
+        raise DataError(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(records, list) or not records:
+        raise DataError(f"{name}: expected a non-empty JSON list of records")
+    for i, r in enumerate(records):
+        for key, kind in (("question", "a text"), ("steps", "a list of texts"), ("answer", "a text")):
+            if not isinstance(r, dict) or key not in r:
+                raise DataError(f"{name}: record {i} has no {key!r}")
+            value = r[key]
+            if not (isinstance(value, str) if key != "steps" else
+                    isinstance(value, list) and all(isinstance(step, str) for step in value)):
+                raise DataError(f"{name}: record {i}: {key!r} is not {kind}")
+    return records
+
+
+def texts(record):
+    """(prompt, completion): the question and a newline; then each step on a line of its own, and
+    '### ' with the answer. Tokenised apart, so that the prompt ends on a token boundary."""
+    return record["question"] + "\n", "".join(step + "\n" for step in record["steps"]) + "### " + record["answer"]
+
+
+def tokenize(records, enc):
+    """(tokens, offsets, prompt_lens): record i is tokens[offsets[i]:offsets[i + 1]], <eot> prompt
+    completion <eot> (the pretraining shards also start each document with <eot>); its prompt is
+    the first prompt_lens[i] of them, <eot> included."""
+    seqs, prompt_lens = [], []
+    for record in records:
+        prompt, completion = texts(record)
+        ids = [enc.eot_token] + enc.encode_ordinary(prompt)
+        prompt_lens.append(len(ids))
+        seqs.append(ids + enc.encode_ordinary(completion) + [enc.eot_token])
+    tokens = np.concatenate(seqs)
+    assert tokens.max() < 2**16, "stored as uint16, like the token shards"
+    return tokens.astype(np.uint16), np.cumsum([0] + [len(s) for s in seqs]), np.array(prompt_lens)
+
+
+def load(data_dir, split):
+    """One split as a list of (token ids, prompt length), and the end-of-text id. The ids are views
+    into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory."""
+    path = Path(data_dir) / f"prosqa_{split}.npz"
+    if not path.exists():
+        where = "" if Path(data_dir) == Path("data/prosqa") else f" --data-dir {data_dir}"
+        raise DataError(f"no ProsQA data in {data_dir}: run `python prepare_data.py prosqa{where}`")
+    try:
+        with np.load(path) as f:
+            tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))
+    except Exception as e:  # a truncated or foreign file
+        raise DataError(f"cannot read {path}: {e}; prepare it again") from None
+    tokens = tokens.astype(np.int64)
+    rows = [(tokens[a:b], int(n)) for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lens)]
+    return rows, int(eot)
+
+
+def correct(completion, answer):
+    """Our accuracy rule for ProsQA. `completion`: the text generated after the prompt, up to (not
+    including) the first end-of-text. Its answer is all that follows its first '###'; it is right
+    when it equals the reference answer once whitespace is normalised in both (every run of spaces,
+    tabs and newlines becomes one space, none at either end). Case and punctuation count; a
+    completion without '###' is wrong. The reasoning steps before '###' are not scored."""
+    if "###" not in completion:
+        return False
+    return " ".join(completion.split("###", 1)[1].split()) == " ".join(answer.split())
+
+
+class Data(TaskRows):
+    """ProsQA: training on the train split, validation loss on the valid split, and accuracy on the
+    first eval_samples questions of the test split, which is where the paper reports it. `tests`
+    holds (prompt ids, reference answer); `max_new_tokens` bounds a generated completion at twice
+    the longest one in the valid and test splits (not train, which an evaluation need not load)."""
+
+    def __init__(self, cfg, with_train=True):
+        self.T, n = cfg.block_size, cfg.eval_samples
+        self.val, self.pad = load(cfg.data_dir, "valid")
+        self.train = load(cfg.data_dir, "train")[0] if with_train else []
+        self.train_size = len(self.train)
+        test = load(cfg.data_dir, "test")[0][:n]
+        answers = [r["answer"] for r in check(Path(cfg.data_dir) / "prosqa_test.json")[:n]]
+        self.tests = [(ids[:n_prompt].tolist(), answer) for (ids, n_prompt), answer in zip(test, answers)]
+        self.vocab_size = self.pad + 1  # GPT-2's end-of-text is the last of its tokens
+        self.longest = max(len(ids) for ids, _ in self.train + self.val + test)
+        self.max_new_tokens = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
+
+    def metrics(self, model, device, rank=0, world=1, final=True):
+        """acc: the share of test questions whose greedy completion ends in the right answer (`correct`)."""
+        enc = gpt2_encoding()
+        return dict(acc=greedy_accuracy(model, self.tests, lambda ids, answer: correct(decode_tokens(enc, ids), answer),
+                                        self.pad, self.max_new_tokens, device, rank=rank, world=world))
+

@@ -1,0 +1,452 @@
+"""
+Run management: what train.py needs around its recipe, and what the other scripts read back.
+
+  * the config of a run from its flags: a flag per field of the config dataclass, helped by the
+    field's own help text; presets; --resume and --init-from; every check before anything is written;
+  * the run's folder: config.json, log.jsonl, ckpt.pt and summary.json, written by rank 0 only,
+    each whole or not at all; signals (Ctrl-C, SIGTERM) that save a checkpoint and exit;
+  * a finished run read back: its checkpoint, model and data, and tables of finished runs.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+import arithmetic
+import prosqa
+from cli import Parser, UsageError, atomic_write, folder_problem, one_line_errors, pick_device
+from data import TokenData
+from lime import GPT, GPTConfig
+
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+DATASETS = {"fineweb-edu": TokenData, "shakespeare": TokenData, "arithmetic": arithmetic.Data, "prosqa": prosqa.Data}
+
+
+def main(script, argv, cls, presets, train, description=None):
+    """A training script's main: its config from argv (`cls`, `presets`), then train(cfg, run) with
+    signals installed; bad input, missing data and interruptions end it with one line."""
+    cfg = None
+
+    def data_hint(e):
+        how = ""
+        if cfg is not None and "prepare_data.py" not in str(e):  # unless the message says how already
+            where = f" --data-dir {cfg.data_dir}" if cfg.data_dir != f"data/{cfg.data}" else ""
+            how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
+        return f"{how} (the offline --preset=tiny needs no download)"
+
+    with one_line_errors(script, data_hint):
+        cfg, resume, init = resolve(argv, cls, presets, description)
+        with Signals() as signals:
+            return train(cfg, Run(cfg, resume, init, signals))
+
+
+# -----------------------------------------------------------------------------
+# The config from flags
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def parse_bool(text):
+    """on/off, true/false, yes/no or 1/0, as `--flag=off` (argparse's type=bool would read 'off' as True)."""
+    words = dict(on=True, true=True, yes=True, off=False, false=False, no=False)
+    words.update({"1": True, "0": False})
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return words[text.lower()]
+
+
+def flag_fields(cls):
+    """{field: its type} for the fields of `cls` that are flags: those of a type a flag can hold."""
+    types = {t.__name__: t for t in (int, float, str, bool)}  # a type may be written as its name
+    own_first = sorted(dataclasses.fields(cls), key=lambda f: f.name not in vars(cls).get("__annotations__", {}))
+    return {f: types.get(f.type, f.type) for f in own_first if types.get(f.type, f.type) in types.values()}
+
+
+def build_parser(cls, defaults, description=None):
+    """A flag per field of `cls`, helped by the field's metadata (option()'s help text; its name if it
+    has none) and showing its value in `defaults`. Every flag defaults to None, so that what was given
+    can be told from what was not."""
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f, kind in flag_fields(cls).items():
+        text = f.metadata.get("help") or f.name.replace("_", " ")
+        text = text() if callable(text) else text  # a text that depends on what is registered
+        p.add_argument(flag(f.name), type=parse_bool if kind is bool else kind,
+                       help=f"{text} [{defaults[f.name]}]".replace("%", "%%"))
+    p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
+    return p
+
+
+def resolve(argv, cls, presets, description=None):
+    """The config of a run, a `cls`: flags > the model shape of --init-from's run > preset > defaults;
+    with --resume, flags > the config saved in the checkpoint. Returns (config, the checkpoint to resume,
+    the checkpoint of --init-from). Anything that does not fit is a UsageError, before anything is written."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=cls.preset)
+    preset = pre.parse_known_args(argv)[0].preset  # first, so that --help shows the preset's defaults
+    if preset not in presets:
+        raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(presets)}")
+    defaults = {**dataclasses.asdict(cls()), **presets[preset], "preset": preset}
+    given = {k: v for k, v in vars(build_parser(cls, defaults, description).parse_args(argv)).items() if v is not None}
+    resume, overwrite = given.pop("resume"), given.pop("overwrite")
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
+    cfg = {**defaults, **given}
+    init = None
+    if cfg["init_from"]:
+        if resume:
+            raise UsageError("--resume continues the run in --out-dir and --init-from starts a new one from another "
+                             "run's weights: give one of them")
+        init = init_checkpoint(cfg, given)
+    cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
+    problem = folder_problem(cfg["out_dir"])
+    if problem:
+        raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
+    found = run_files(cfg["out_dir"])
+    if found and not resume and not overwrite:
+        raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
+                         "or start over with --overwrite")
+    ckpt = None
+    if resume:
+        ckpt, cfg = resume_checkpoint(cls, cfg, given)
+    cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
+    if "prune_at" in given and not cfg["router_top_p"] > 0:
+        raise UsageError("--prune-at says when to prune: give --router-top-p too")
+    try:
+        config = cls(**cfg)  # its own checks: ranges, choices, the model's shape and router
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if config.batch_size % (config.micro_batch_size * world):
+        raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="
+                         f"{config.micro_batch_size} x {world} processes")
+    pick_device(config.device)
+    return config, ckpt, init
+
+
+def resume_checkpoint(cls, cfg, given):
+    """--resume: the checkpoint in --out-dir and the config saved in it, in which a flag may change only
+    the fields that say so (resume="may change": where and how long this session runs)."""
+    path = Path(cfg["out_dir"]) / "ckpt.pt"
+    try:
+        ckpt = read_checkpoint(cfg["out_dir"])
+    except UsageError as e:
+        raise UsageError(f"--resume: {e}") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    free = [k for k, f in fields.items() if f.metadata.get("resume") == "may change"]
+    saved = {**dataclasses.asdict(cls()), **{k: v for k, v in ckpt["config"].items() if k in fields}}  # older runs
+    clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
+    if clash:
+        raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
+    cfg = {**saved, **{k: v for k, v in given.items() if k in free}}
+    cfg["stop_at"] = given.get("stop_at", 0)  # where the earlier session stopped is no stop for this one
+    finished = (Path(cfg["out_dir"]) / "summary.json").exists()
+    if ckpt["step"] > cfg["max_steps"] or (ckpt["step"] == cfg["max_steps"] and finished):
+        raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
+    if 0 < cfg["stop_at"] <= ckpt["step"]:
+        raise UsageError(f"--stop-at={cfg['stop_at']}: the checkpoint is already at step {ckpt['step']}")
+    return ckpt, cfg
+
+
+def init_checkpoint(cfg, given):
+    """--init-from: the other run's checkpoint. Its model's shape replaces the preset's, so that its
+    weights fit; block_size may change (RoPE is computed, not stored). A flag that asks for another
+    shape is an error, not a silent change."""
+    try:
+        init = read_checkpoint(cfg["init_from"])
+    except UsageError as e:
+        raise UsageError(f"--init-from: {e}") from None
+    source = init["config"]
+    shape = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "block_size"]
+    clash = [f"{k}={source[k]!r} (not {given[k]!r})" for k in shape if k in given and given[k] != source[k]]
+    if clash:
+        raise UsageError(f"--init-from: {Path(cfg['init_from']) / 'ckpt.pt'} holds a model with {', '.join(clash)}")
+    cfg.update({k: source[k] for k in shape})
+    return init
+
+
+# -----------------------------------------------------------------------------
+# A run's folder, written while it trains
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a cluster scheduler): save a checkpoint and exit 128 + the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """While installed, SIGINT and SIGTERM raise Interrupted, except inside `with signals.hold():`
+    (an optimiser update, a checkpoint save), which a signal waits for. Once stopping, every
+    further signal waits: the checkpoint being saved on the way out must be written whole."""
+
+    def __init__(self):
+        self.held, self.pending, self.stopping = 0, None, False
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+
+    def handle(self, signum, frame):
+        if self.held or self.stopping:
+            self.pending = self.pending or signum
+        else:
+            self.stop(signum)
+
+    def stop(self, signum):
+        self.stopping = True
+        raise Interrupted(signum)
+
+    @contextmanager
+    def hold(self):
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+        if self.pending and not self.held and not self.stopping:
+            self.stop(self.pending)
+
+
+class Log:
+    """<out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
+
+    def __init__(self, out_dir, resume_step=None):
+        self.path = Path(out_dir) / "log.jsonl"
+        if resume_step is not None and self.path.exists():  # forget what came after the checkpoint
+            keep = [l for l in self.path.read_text().splitlines() if json.loads(l)["step"] <= resume_step]
+            atomic_write(self.path, lambda f: f.write("".join(l + "\n" for l in keep).encode()))
+
+    def write(self, **record):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class Run:
+    """The folder of one training run, written by rank 0 only: config.json and log.jsonl from the
+    start, ckpt.pt at most once per step and whole even when a signal comes during the write, and
+    summary.json at the end. `resume` and `init` are the checkpoints of --resume and --init-from."""
+
+    def __init__(self, cfg, resume=None, init=None, signals=None):
+        self.cfg, self.resume, self.init = cfg, resume, init
+        self.out_dir = Path(cfg.out_dir)
+        self.signals = signals or Signals()  # not installed: holds nothing, and Ctrl-C is a plain KeyboardInterrupt
+        self.master = int(os.environ.get("RANK", 0)) == 0
+        self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
+        self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
+
+    def say(self, *args, **kwargs):
+        if self.master:
+            print(*args, **kwargs)
+
+    def restore(self, model, optimizer):
+        """Load what this run starts from into the model (and optimiser), which it then saves: with
+        --resume, the checkpoint's weights, optimiser state and step; with --init-from, the other
+        run's weights only, at step 0. Returns (step, the pruning mask of those weights or None)."""
+        self.model, self.optimizer = model, optimizer
+        if self.init is not None:
+            try:
+                model.load_state_dict(self.init["model"])
+            except RuntimeError as e:
+                raise UsageError(f"--init-from: {self.cfg.init_from} does not fit: {str(e).splitlines()[0]}") from None
+            self.router_mask = self.init.get("router_mask")
+            return 0, self.router_mask
+        if self.resume is not None:
+            model.load_state_dict(self.resume["model"])
+            optimizer.load_state_dict(self.resume["optimizer"])
+            self.router_mask = self.resume.get("router_mask")
+            return self.resume["step"], self.router_mask
+        return 0, None
+
+    def begin(self):
+        """The folder, written only now that everything before has worked: a new run clears what an
+        --overwrite leaves, a resumed one forgets the log after its checkpoint."""
+        if self.master:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if self.resume is None:
+                clear_run(self.out_dir)
+            config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
+            atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
+            self.log_file = Log(self.out_dir, self.saved_step)
+
+    def log(self, **record):
+        if self.master:
+            self.log_file.write(**record)
+
+    def save(self, step):
+        """A checkpoint of `step` (not again if the one on disk is of that step)."""
+        if self.master and step != self.saved_step:
+            with self.signals.hold():  # a signal now waits until the file is whole
+                save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
+                                self.router_mask)
+                self.saved_step = step
+
+    def interrupted(self, e, step):
+        """Ctrl-C or SIGTERM during training: a checkpoint of the last whole step, then exit 128 + the signal."""
+        self.signals.stopping = True  # from here on a signal waits for the checkpoint below
+        signum = getattr(e, "signum", signal.SIGINT)
+        self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
+        self.save(step)
+        self.say(f"interrupted: checkpoint at step {step} in {self.out_dir}; continue with --resume")
+        raise SystemExit(128 + signum)
+
+    def diverged(self, e):
+        """A loss that is not finite: stop, keeping the last checkpoint, which was good."""
+        if self.master:
+            kept = "no checkpoint was written" if self.saved_step is None else \
+                f"the checkpoint of step {self.saved_step} stays in {self.out_dir}"
+            print(f"train.py: error: {e}; stopping: {kept} (lower --lr?)", file=sys.stderr)
+        raise SystemExit(1)
+
+    def finish(self, summary):
+        if self.master:
+            atomic_write(self.out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+
+
+def format_eta(seconds):
+    return f"{seconds / 3600:.1f}h" if seconds > 5400 else f"{seconds / 60:.1f}m" if seconds > 90 else f"{seconds:.0f}s"
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: the uncompiled model's state_dict with the run's whole config (a dict), and the
+# router mask of a pruned model (None if unpruned)
+
+
+def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
+    optimizer = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask)
+    atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
+
+
+def run_files(out_dir):
+    """The files in out_dir that make it hold a run (empty if none)."""
+    return [name for name in RUN_FILES if (Path(out_dir) / name).exists()]
+
+
+def clear_run(out_dir):
+    """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
+    for name in (*RUN_FILES, "config.json", "prune.json", "routes.png", "entropy.png", "probe.png", "prune.png"):
+        (Path(out_dir) / name).unlink(missing_ok=True)
+
+
+def read_checkpoint(out_dir):
+    """<out-dir>/ckpt.pt as a dict; a UsageError if it is missing or unreadable."""
+    path = Path(out_dir) / "ckpt.pt"
+    if not path.exists():
+        raise UsageError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+
+
+def model_from(ckpt, out_dir):
+    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU."""
+    try:
+        model = GPT(GPTConfig.of(ckpt["config"]))
+        model.load_state_dict(ckpt["model"])
+    except Exception as e:  # a file of the right format with the wrong contents
+        raise UsageError(f"cannot read {Path(out_dir) / 'ckpt.pt'}: {str(e).splitlines()[0]}") from None
+    return model
+
+
+def saved_config(ckpt, data_dir=None):
+    """The config saved in a checkpoint, as attributes (cfg.data, cfg.block_size, ...); `data_dir`, if
+    given, in place of the saved one."""
+    cfg = SimpleNamespace(**{"task": None, **ckpt["config"]})  # (runs from before the arithmetic regimes: no task)
+    cfg.data_dir = data_dir or cfg.data_dir
+    return cfg
+
+
+def load_checkpoint(out_dir, device, data_dir=None):
+    """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`."""
+    ckpt = read_checkpoint(out_dir)
+    return saved_config(ckpt, data_dir), model_from(ckpt, out_dir).to(device).eval()
+
+
+def load_data(cfg, with_train=True):
+    """The data set a run's config names (a training config, or a saved one), its training split too
+    unless with_train is False."""
+    return DATASETS[cfg.data](cfg, with_train)
+
+
+# -----------------------------------------------------------------------------
+# Tables of finished runs (their summary.json): analyze.py table and grid.py print them
+
+
+def relative_change(value, base):
+    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
+
+
+def results_table(summaries, split="test"):
+    """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
+    mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
+    test or the validation split), acc on ProsQA, perplexity on language. With one run per row, Table 7's
+    layout instead: the metric and its change relative to the `lime` run."""
+    prefix = "val_" if split == "val" else ""
+    acc = re.compile(rf"{prefix}acc_(\d+)")
+    tiers = set.intersection(*({int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries))
+    metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
+        (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
+    if split == "val" and not metrics[0].startswith("val_acc"):
+        raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
+                         "the validation split existed, or not arithmetic)")
+    rows = {}
+    for s in summaries:
+        task = s.get("task")
+        regime = f"{arithmetic.Task.from_meta(task).name}, {task['count']}" if task else ""
+        # runs that differ in anything but the seed are not averaged: not in preset, length or tiers
+        rows.setdefault((regime, s["router"], s.get("preset"), s.get("steps")), []).append(s)
+    if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
+        return single_run_table(summaries, metrics)
+    accuracy = metrics[0] != "val_ppl"
+    scale = 100 if accuracy else 1  # accuracies in %
+    head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
+    head += ["lime ahead, last tier (pts)"] if accuracy else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    digits = 1 if accuracy else 3
+    means = {key: [statistics.mean(scale * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
+    for (regime, router, *rest), runs in rows.items():
+        mean = means[regime, router, *rest]
+        cells = [regime, router, str(len(runs))]
+        for m, mu in zip(metrics, mean):
+            sd = f" ± {statistics.stdev(scale * s[m] for s in runs):.{digits}f}" if len(runs) > 1 else ""
+            cells.append(f"{mu:.{digits}f}{sd}")
+        lime = means.get((regime, "lime", *rest))
+        if accuracy:
+            cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - mean[-1]:+.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def single_run_table(summaries, metrics):
+    base = next((s for s in summaries if s["router"] == "lime"), None)
+    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
+    if base:
+        head += [f"change to lime ({m})" for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
+        if base:
+            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

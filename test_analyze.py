@@ -1,0 +1,156 @@
+"""The paper's analyses for a run (analyze.py): router maps, entropy, the probe, tables, pruning."""
+
+import dataclasses
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import analyze
+import arithmetic
+import runs
+import sample
+import train
+from conftest import error_of, small_model, snapshot, tiny_args
+from data import write_shard
+
+@pytest.mark.parametrize("mode", ["none", "lime", "first-2"])
+def test_route_map_rows_sum_to_one(mode):
+    M = analyze.route_map(small_model(mode))
+    torch.testing.assert_close(M.sum(1), torch.ones(6))
+    assert torch.all(M.triu(1) == 0)
+    if mode == "none":
+        assert torch.equal(M, torch.eye(6))
+    if mode == "first-2":
+        assert torch.all(M[5, 2:5] == 0) and torch.all(M[5, [0, 1, 5]] > 0)
+
+
+def test_routes_command(arith_run, capsys):
+    M = analyze.main(["routes", "--out-dir", str(arith_run)])
+    torch.testing.assert_close(M.sum(1), torch.ones(2))
+    out = capsys.readouterr().out
+    assert "router lime" in out and "100" in out
+
+
+def test_renyi_entropy_extremes():
+    g = torch.Generator().manual_seed(0)
+    T = 32
+    rank1 = torch.randn(T, 1, generator=g) @ torch.randn(1, 64, generator=g)
+    isotropic = torch.randn(T, 8192, generator=g)
+    for alpha in (1.0, 2.0):
+        assert abs(analyze.renyi_entropy(rank1, alpha)) < 1e-6
+        # centring over tokens leaves T - 1 dimensions: the maximum is log(T - 1)
+        assert 0.995 * math.log(T - 1) < analyze.renyi_entropy(isotropic, alpha) <= math.log(T - 1) + 1e-9
+
+
+def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
+    base = tmp_path / "none"
+    train.main(tiny_args(arith_dir, base, "--router=none", "--max-steps=2"))
+    curves = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4"])
+    assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
+    assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
+    assert "matrix-based Renyi entropy" in capsys.readouterr().out
+
+
+def test_linear_probe_separates_what_is_separable():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 4
+    X = torch.randn(200, 16, generator=g) * 0.3
+    X[torch.arange(200), y] += 3.0  # class k lights up feature k
+    assert analyze.linear_probe(X, y, 4) > 0.95
+    noise = torch.randn(200, 16, generator=g)
+    assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
+
+
+def test_probe_command(arith_run, tmp_path, capsys):
+    assert "arithmetic checkpoint; its task vocabulary has no ' is'" in error_of(
+        analyze.main, ["probe", "--out-dir", str(arith_run)], capsys)
+    folder, out = tmp_path / "data", tmp_path / "run"
+    g = np.random.default_rng(0)
+    words = list(analyze.PROBE_WORDS.values())
+    tokens = np.where(g.random(20000) < 0.2, g.choice(words, 20000), g.integers(0, 300, 20000))
+    write_shard(folder / "w_train_000000.bin", tokens)
+    write_shard(folder / "w_val_000000.bin", tokens[:4000])
+    train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={folder}", f"--out-dir={out}", "--vocab-size=576",
+                "--block-size=64", "--n-layer=2", "--n-embd=32", "--n-head=2", "--n-kv-head=2", "--batch-size=4",
+                "--micro-batch-size=4", "--max-steps=2", "--eval-interval=2", "--eval-tokens=256"])
+    accs = analyze.main(["probe", "--out-dir", str(out), "--num-seqs", "8", "--seq-len", "64"])
+    assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
+
+
+def test_ablation_table(tmp_path, capsys):
+    table7 = {"none": 16.4611, "first-4": 15.9586, "lime": 15.9267}  # the paper's Table 7
+    dirs = []
+    for router, ppl in table7.items():
+        d = tmp_path / router
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps(dict(router=router, val_ppl=ppl)))
+        dirs.append(str(d))
+    table = analyze.main(["table", *dirs])
+    assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
+    assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
+    assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys))
+
+
+def test_table_averages_over_seeds(tmp_path):
+    dirs = []
+    for regime, field in (("mod", "mod"), ("int", "int")):
+        task = dataclasses.asdict(arithmetic.Task(field=field, count="operators", target="answer"))
+        for router, accs in (("lime", (0.50, 0.60, 0.70)), ("none", (0.20, 0.30, 0.40))):
+            for seed, acc in enumerate(accs):
+                d = tmp_path / regime / f"{router}-{seed}"
+                d.mkdir(parents=True)
+                summary = dict(router=router, task=task, seed=seed, acc_4=0.9, acc_5=0.8, acc_6=acc, val_acc_4=0.9,
+                               val_acc_5=0.8, val_acc_6=acc - 0.1)
+                (d / "summary.json").write_text(json.dumps(summary))
+                dirs.append(str(d))
+    table = analyze.main(["table", *dirs])
+    assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
+    assert "| mod11-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
+    assert "| int-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    assert "| mod11-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    val = analyze.main(["table", "--split", "val", *dirs])
+    twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
+    assert "| mod11-answer, operators | lime | 3 |" in twice and "| 6 |" not in twice
+    lang = []
+    for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
+        lang.append(tmp_path / f"{preset}-{router}")
+        lang[-1].mkdir()
+        (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
+    table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
+    assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
+    assert "| int-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+
+
+def test_ablation_table_with_a_zero_reference(tmp_path):
+    dirs = []
+    for router, acc in (("lime", 0.0), ("none", 0.25)):  # two short runs: lime solved nothing at 6 operands
+        dirs.append(tmp_path / router)
+        dirs[-1].mkdir()
+        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
+    table = analyze.main(["table", *map(str, dirs)])
+    assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table
+
+
+def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
+    new, name = tmp_path / "pruned", "transformer.h.1.attn.router.weight"
+    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "0.7", "--save", str(new)])
+    ckpt = torch.load(new / "ckpt.pt", weights_only=True)
+    keep = ckpt["router_mask"][name]
+    assert report["pruned"] == int((~keep).sum()) > 0 and report["weights"] == 8
+    assert torch.all(ckpt["model"][name][~keep] == 0) and ckpt["config"]["out_dir"] == str(new)
+    assert torch.isnan(report["survival"][0]).all()  # layer 0's router is a fixed identity
+    assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
+    out = capsys.readouterr().out
+    assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
+    summary = json.loads((arith_run / "summary.json").read_text())
+    assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
+    # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
+    assert runs.load_checkpoint(new, "cpu")[1].routers[1].weight.count_nonzero() == keep.sum()
+    assert len(sample.main(["--out-dir", str(new), "--num-samples", "1", "--max-new-tokens", "2"])) == 1
+    before = snapshot(new)
+    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
+    assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before

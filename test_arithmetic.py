@@ -1,0 +1,178 @@
+"""The Arithmetic Expression Task (arithmetic.py): every sample checked by an evaluator of its own,
+the files, the rows training reads, and old data folders."""
+
+import contextlib
+import dataclasses
+import filecmp
+import json
+import operator
+from types import SimpleNamespace
+
+import pytest
+
+import arithmetic
+import prepare_data
+from cli import DataError
+from data import evaluate
+from lime import GPT, GPTConfig
+
+def evaluate_text(text, modulus=None):
+    """An independent evaluator for the task's text: precedence, and either exact division and no
+    negatives, or arithmetic mod a prime with division by Fermat's inverse b^(P-2)."""
+    tokens = text.split()
+    pos = 0
+    top = arithmetic.Task().max_value if modulus is None else modulus - 1
+
+    def expr(level):
+        nonlocal pos
+        if level == 3:
+            tok = tokens[pos]
+            pos += 1
+            if tok == "(":
+                value = expr(1)
+                assert tokens[pos] == ")"
+                pos += 1
+                return value
+            assert 0 <= int(tok) <= top, text
+            return int(tok)
+        value = expr(level + 1)
+        while pos < len(tokens) and tokens[pos] in ({"+", "-"} if level == 1 else {"*", "/"}):
+            op = tokens[pos]
+            pos += 1
+            rhs = expr(level + 1)
+            if modulus:
+                assert op != "/" or rhs != 0, f"division by 0 in {text}"
+                rhs = pow(rhs, modulus - 2, modulus) if op == "/" else rhs
+                op = "*" if op == "/" else op
+            elif op == "/":
+                assert rhs != 0 and value % rhs == 0, f"inexact division in {text}"
+            value = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}[op](value, rhs)
+            value = value % modulus if modulus else value
+            assert 0 <= value <= top, text
+        return value
+
+    value = expr(1)
+    assert pos == len(tokens)
+    return value
+
+
+def one_operation(before, after, modulus):
+    """The (a, op, b, c) by which `after` is `before` with one operation `a op b` (or `( a op b )`)
+    replaced by its value c, or None if no single operation turns one into the other."""
+    s, t = before.split(), after.split()
+    for p in range(len(t)):  # t = s[:p] + [c] + s[len(s) - k:]
+        k = len(t) - p - 1
+        if s[:p] == t[:p] and s[len(s) - k:] == t[len(t) - k:]:
+            middle = s[p: len(s) - k]
+            if middle[:1] == ["("] and middle[-1:] == [")"]:
+                middle = middle[1:-1]
+            if len(middle) == 3 and middle[1] in "+-*/" and middle[0].isdigit() and middle[2].isdigit():
+                return int(middle[0]), middle[1], int(middle[2]), int(t[p])
+    return None
+
+
+def test_arithmetic_samples_are_correct_step_by_step():
+    data = arithmetic.generate(arithmetic.Task(), seed=1, train_size=300, test_size=100)
+    assert sorted(data) == ["test_4", "test_5", "test_6", "train", "val_4", "val_5", "val_6"]
+    for name, lines in data.items():
+        for line in lines:
+            steps = line.split(" = ")
+            answer = int(steps[-1])
+            n_ops = [sum(t in arithmetic.OPS for t in s.split()) for s in steps]
+            assert n_ops[0] in (3, 4, 5) and n_ops[-1] == 0
+            assert all(a - b == 1 for a, b in zip(n_ops, n_ops[1:]))  # one operation per step
+            assert all(evaluate_text(s) == answer for s in steps)
+            assert arithmetic.split_sample(line) == (steps[0] + " =", answer)
+    assert {sum(t in arithmetic.OPS for t in l.split(" = ")[0].split()) + 1 for l in data["test_6"]} == {6}
+    train = {l.split(" = ")[0] for l in data["train"]}
+    tests = [l.split(" = ")[0] for n in (4, 5, 6) for split in ("test", "val") for l in data[f"{split}_{n}"]]
+    assert not train & set(tests) and len(set(tests)) == len(tests)
+    assert any("/" in l.split(" = ")[0] for l in data["train"]) and any("(" in l for l in data["train"])
+
+
+def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
+    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20", "--show", "3"])
+    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "b"), "--train-size", "200", "--test-size", "20"])
+    names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt", "val_4.txt", "val_6.txt"]
+    assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
+    shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
+    vocab, splits, task = arithmetic.load(tmp_path / "a")
+    assert task == arithmetic.Task(**arithmetic.DEFAULTS)
+    modulus = task.modulus if task.field == "mod" else None
+    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
+    line = splits["test_5"][0]
+    assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 600
+    with pytest.raises(DataError, match="'1000' is not in the task vocabulary"):
+        vocab.encode("1000 + 1")
+
+
+@pytest.mark.parametrize("target", ["steps", "answer"])
+def test_mod_samples_check_out_with_an_independent_evaluator(target):
+    P = 11
+    task = arithmetic.Task(field="mod", modulus=P, count="operators", tiers=(1, 4, 6), target=target)
+    data = arithmetic.generate(task, seed=3, train_size=300, test_size=50)
+    divisions = 0
+    for name, lines in data.items():
+        for line in lines:
+            steps = line.split(" = ")
+            answer = int(steps[-1])
+            n_ops = [sum(t in "+-*/" for t in step.split()) for step in steps]
+            assert n_ops[0] in (1, 4, 6) and (name == "train" or n_ops[0] == int(name[-1]))  # tiers count operators
+            assert all(evaluate_text(step, P) == answer for step in steps)
+            if target == "answer":
+                assert len(steps) == 2 and n_ops[1] == 0
+                continue
+            assert n_ops == list(range(n_ops[0], -1, -1))
+            for before, after in zip(steps, steps[1:]):  # each step carries out exactly one operation, right
+                a, op, b, c = one_operation(before, after, P)
+                assert c == {"+": (a + b) % P, "-": (a - b) % P, "*": a * b % P}[op] if op != "/" else c * b % P == a
+                divisions += op == "/"
+    assert target == "answer" or divisions > 100
+    assert task.parse("3 / 4") == ("/", 3, 4) and task.evaluate(("/", 3, 4)) == 9  # 4 * 9 = 36 = 3 mod 11
+    with pytest.raises(DataError, match="divides by 0"):
+        task.parse("3 / ( 2 - 2 )")
+    with pytest.raises(DataError, match="11 is out of the task's range 0..10"):
+        task.parse("11 + 1")
+
+
+def test_answer_target_loss_covers_only_the_answer(tmp_path):
+    task = arithmetic.Task(field="mod", count="operators", tiers=(2, 3), target="answer")
+    arithmetic.prepare(tmp_path, task, seed=0, train_size=40, test_size=5)
+    data = arithmetic.Data(SimpleNamespace(data_dir=str(tmp_path), block_size=24, eval_samples=5, preset="arith",
+                                           task=None))
+    assert data.max_new_tokens == 1 and sorted(data.vals) == [2, 3]
+    lines = (tmp_path / "train.txt").read_text().splitlines()
+    x, y = data.collate([data.encode_row(line) for line in lines])
+    for line, xi, yi in zip(lines, x, y):
+        expr, answer = line.split(" = ")
+        n = len(expr.split()) + 1  # the prompt: the expression and '='
+        assert yi.tolist() == [-1] * (n - 1) + [data.vocab.stoi[answer]] + [-1] * (24 - n)
+        assert data.vocab.decode(xi[:n].tolist()) == expr + " ="
+    steps = arithmetic.Data(SimpleNamespace(data_dir=str(tmp_path), block_size=24, eval_samples=5, preset="arith",
+                                            task=None))
+    steps.task = dataclasses.replace(task, target="steps")  # the same rows as solutions end with <eos>, learned too
+    assert [t for t in steps.collate([steps.encode_row(lines[0])])[1][0].tolist() if t >= 0][-1] == steps.vocab.eos
+
+
+def test_a_data_folder_from_before_the_knobs_loads_as_it_was(tmp_path, capsys):
+    """meta.json used to hold only the vocabulary, seed and sizes, and there was no validation split."""
+    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path), "--field=int", "--count=operands", "--target=steps",
+             "--tiers=4,5,6", "--train-size", "30", "--test-size", "4"])
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    (tmp_path / "meta.json").write_text(json.dumps({k: meta[k] for k in ("vocab", "seed", "train_size", "test_size")}))
+    for p in tmp_path.glob("val_*.txt"):
+        p.unlink()
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=64, eval_samples=4, preset="arith", task=None)
+    data = arithmetic.Data(cfg)
+    assert data.task == arithmetic.Task() and data.task.name == "int-steps" and data.vals == {}
+    assert data.val == [data.encode_row(line) for n in (4, 5, 6) for line in data.tests[n]]  # val loss on test
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=32, block_size=64, vocab_size=1024))
+    metrics = evaluate(model, model, data, 8, "cpu", contextlib.nullcontext())
+    assert sorted(metrics) == ["acc_4", "acc_5", "acc_6", "val_loss", "val_ppl"]
+
+
+def test_final_answer_parsing():
+    assert arithmetic.final_answer("12 / 4 = 3 <eos> 5 = 7") == 3
+    assert arithmetic.final_answer("12 / 4 = 3") == 3
+    assert arithmetic.final_answer("12 / 4 = 3 + 1") is None
+    assert arithmetic.final_answer("12 / 4") is None and arithmetic.final_answer("") is None

@@ -1,0 +1,87 @@
+"""Speed and memory of every router against the baseline (bench.py), at toy sizes on the CPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench
+
+def test_bench_runs_and_reports_ratios(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--routers", "none,lime,first-2", "--n-layer", "4", "--block-size", "16",
+                "--batch-size", "1", "--steps", "1", "--warmup", "1", "--gen-tokens", "2", "--gen-repeats", "1",
+                "--depths", "2", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["shape"]["n_layer"] == 4 and saved["shape"]["n_embd"] == 384
+    assert [run["n_layer"] for run in saved["runs"]] == [4, 2]
+    rows = {r["router"]: r for r in saved["runs"][0]["results"]}
+    assert set(rows) == {"none", "lime", "first-2"}
+    for r in rows.values():
+        assert r["step_ratio"] == pytest.approx(r["ms_per_step"] / rows["none"]["ms_per_step"])
+        assert r["memory_ratio"] == pytest.approx(r["memory_bytes"] / rows["none"]["memory_bytes"])
+        assert r["mfu"] is None and r["gen_tokens_per_s"] > 0  # no MFU on a CPU
+    assert rows["lime"]["flops_per_token"] > rows["first-2"]["flops_per_token"] > rows["none"]["flops_per_token"]
+    assert rows["none"]["memory_bytes"] < rows["lime"]["memory_bytes"] < 1.15 * rows["none"]["memory_bytes"]
+    assert "x none" in capsys.readouterr().out
+
+
+def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch):
+    """What CUDA does: each mode alone in a fresh process (here the process runs in this one, for time)."""
+    commands = []
+
+    def run_in_this_process(cmd):
+        commands.append(cmd)
+        bench.main(cmd[2:])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run_in_this_process)
+    path = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--routers", "lime,none", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
+                "--steps", "1", "--gen-repeats", "0", "--fresh-processes", "--json", str(path)])
+    assert [c[:2] for c in commands] == [[sys.executable, str(Path(bench.__file__).resolve())]] * 2
+    assert [c[-6:-4] for c in commands] == [["--routers", "lime"], ["--routers", "none"]]
+    rows = json.loads(path.read_text())["runs"][0]["results"]
+    assert [r["router"] for r in rows] == ["lime", "none"]
+    assert rows[0]["step_ratio"] == pytest.approx(rows[0]["ms_per_step"] / rows[1]["ms_per_step"])  # to none
+    assert rows[0]["gen_tokens_per_s"] is None
+    assert "lime: in a fresh process" in capsys.readouterr().out
+
+
+def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
+    """--kernels: the op alone for lime's first, middle and last layer, with the slots each moves."""
+    path = tmp_path / "kernels.json"
+    bench.main(["--device", "cpu", "--kernels", "--n-layer", "4", "--block-size", "16", "--batch-size", "1",
+                "--steps", "1", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["runs"] == []  # no models
+    rows = saved["kernels"]
+    assert [(r["op"], r["slots"]) for r in rows] == [
+        ("copy", 2), ("forward, layer 0", 5), ("backward, layer 0", 6), ("forward, layer 2", 5),
+        ("backward, layer 2", 4), ("forward, layer 3", 3), ("backward, layer 3", 3)]
+    slot_bytes = 1 * 16 * 6 * 128 * 4  # (B, T, n_kv, 2 head_dim) of the cpu shape, float32
+    for r in rows:
+        assert r["ms"] > 0 and r["gb_per_s"] == pytest.approx(r["slots"] * slot_bytes / r["ms"] / 1e6)
+    assert "backward, layer 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--routers", ""], "--routers names no router"),
+    (["--routers", ","], "--routers names no router"),
+    (["--routers", "none,lime2"], "unknown router 'lime2'"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--gen-repeats", "-1"], "--gen-repeats must be 0 or more"),
+    (["--block-size", "1"], "--block-size must be at least 2"),
+    (["--device", "foo"], "--device='foo'"),
+    (["--shape", "2b"], "unknown shape '2b'"),
+    (["--depths", "12,x"], "--depths='12,x'"),
+    (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
+] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
+def test_bench_bad_input_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("bench.py: error: ") and message in err and err.count("\n") == 1

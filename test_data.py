@@ -1,0 +1,82 @@
+"""Token data (data.py) and the downloads and tokenisation of prepare_data.py, against a local server."""
+
+import re
+
+import numpy as np
+import pytest
+
+import prepare_data
+from conftest import error_of, small_encoding
+from data import MAGIC, load_tokens
+
+def shard_bytes(tokens, magic=MAGIC, count=None):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, 1, len(tokens) if count is None else count
+    return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
+
+
+def fineweb_files(n_train=2):
+    rng = np.random.default_rng(0)
+    names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in range(1, n_train + 1)]
+    return {name: shard_bytes(rng.integers(0, 50257, 5000 + 100 * i)) for i, name in enumerate(names)}
+
+
+def test_fineweb_download_then_nothing_to_do(serve, tmp_path):
+    files = fineweb_files()
+    server = serve(files)
+    prepare_data.prepare_fineweb(tmp_path, 2, server.url)
+    for name, data in files.items():
+        assert (tmp_path / name).read_bytes() == data
+    assert len(load_tokens(tmp_path, "train")) == 2 and len(load_tokens(tmp_path, "val")[0]) == 5000
+    n = len(server.requests)
+    prepare_data.prepare_fineweb(tmp_path, 2, server.url)
+    assert len(server.requests) == n  # complete files are not fetched again
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 1024)
+    files = fineweb_files(1)
+    server = serve(files, cut_once={"finewebedu_train_000001.bin"})
+    prepare_data.prepare_fineweb(tmp_path, 1, server.url)
+    data = files["finewebedu_train_000001.bin"]
+    assert (tmp_path / "finewebedu_train_000001.bin").read_bytes() == data
+    ranges = [r for name, r in server.requests if name == "finewebedu_train_000001.bin"]
+    assert len(ranges) == 2 and ranges[0] is None
+    resumed_at = int(re.match(r"bytes=(\d+)-$", ranges[1])[1])  # the second request asked only for the rest
+    assert 0 < resumed_at <= len(data) // 2
+
+
+@pytest.mark.parametrize("bad, message", [
+    (shard_bytes(range(100), magic=123), "bad magic"),
+    (shard_bytes(range(100), count=500), "header announces 500 tokens"),
+])
+def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, message):
+    files = fineweb_files(1)
+    files["finewebedu_train_000001.bin"] = bad
+    server = serve(files)
+    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin")
+    assert not (tmp_path / "finewebedu_train_000001.bin").exists()
+    assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
+    assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
+
+
+def test_missing_file_is_one_line(serve, tmp_path, capsys):
+    server = serve({})
+    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+                   capsys, code=1)
+    assert re.match("prepare_data.py: error: .*HTTP 404", err)
+
+
+def test_shakespeare_tokenised_into_shards(serve, tmp_path):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
+    server = serve({"input.txt": text.encode()})
+    enc = small_encoding()
+    prepare_data.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
+    train, val = load_tokens(tmp_path, "train")[0], load_tokens(tmp_path, "val")[0]
+    assert train[0] == val[0] == enc.eot_token
+    assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
+    assert 0.05 < len(val) / (len(train) + len(val)) < 0.15

@@ -1,0 +1,37 @@
+"""LIMe against the baseline over seeds and regimes of the arithmetic task (grid.py)."""
+
+import json
+import shutil
+
+import grid
+from conftest import error_of, snapshot
+
+def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys):
+    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none", "--seeds", "1",
+            "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
+            "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
+            "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
+            "--micro-batch-size=8", "--log-interval=1"]
+    tables = grid.main(args)
+    out = capsys.readouterr().out
+    regime = tmp_path / "out" / "mod11-answer-operators"
+    assert sorted(p.name for p in regime.iterdir()) == ["lime-seed1", "none-seed1"]
+    for run in regime.iterdir():
+        config = json.loads((run / "config.json").read_text())
+        assert (config["vocab_size"], config["max_steps"], config["block_size"] % 8) == (24, 5, 0)  # 80 samples / 8 / 2
+        assert json.loads((run / "summary.json").read_text())["task"]["field"] == "mod"
+        assert "done:" in (run / "train.out").read_text()
+    assert "grid: 2 runs, 0 finished before; 2 to go" in out and "[2/2]" in out
+    assert tables["val"].splitlines()[0] == "| router | val_acc_2 | val_acc_3 | change to lime (val_acc_2) | change to lime (val_acc_3) |"
+    before = snapshot(regime)
+    assert grid.main(args) == tables and snapshot(regime) == before  # finished runs are kept, not redone
+    assert "2 finished before; 0 to go" in capsys.readouterr().out
+
+
+def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys):
+    shutil.copytree(arith_dir, tmp_path / "int-steps-operands")  # 100 samples a tier, not the grid's 20000
+    before = snapshot(tmp_path)
+    err = error_of(grid.main, ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                               str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
+    assert err.startswith("grid.py: error: ") and "holds other arithmetic data" in err and "--data-root" in err
+    assert snapshot(tmp_path) == before

@@ -1,0 +1,49 @@
+"""Top-p pruning of the router weights (pruning.py)."""
+
+import pytest
+import torch
+
+import cli
+import pruning
+from conftest import small_model, tokens
+
+def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
+    # two target heads, each reading 2 source layers x 2 source heads; shares of |weight| in tenths
+    w = torch.tensor([[[4.0, -3.0], [2.0, 1.0]],  # .4 .3 .2 .1: .4 + .3 < .9, so the .2 crosses p; the .1 goes
+                      [[-8.0, 1.0], [0.5, 0.5]]])  # .8 .1 .05 .05: .8 + .1 reaches .9; both .05 go
+    assert pruning.top_p_mask(w, 0.9).tolist() == [[[True, True], [True, False]], [[True, True], [False, False]]]
+    assert pruning.top_p_mask(w, 0.1).sum(dim=(1, 2)).tolist() == [1, 1]  # the largest always stays
+    ties = pruning.top_p_mask(torch.ones(1, 2, 2), 0.5)
+    assert ties.flatten().tolist() == [True, True, False, False]  # equal weights: kept in order
+    # in a model: the hand counts per layer, and only the dropped weights change (to zero)
+    model = small_model("lime", n_layer=3)
+    with torch.no_grad():
+        model.routers[1].weight.copy_(w)
+        model.routers[2].weight.copy_(torch.tensor([10.0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]).view(2, 3, 2))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    mask = pruning.prune_routers(model, 0.9)
+    # layer 2, head 0: 10 is everything; head 1: shares 1..6 / 21, and 6 + 5 + 4 + 3 = 18 < 0.9 * 21 <= 20
+    assert pruning.pruned_counts(model, mask) == {1: (3, 8), 2: (5 + 1, 12)}
+    for name, p in model.named_parameters():
+        expected = before[name] * mask[name] if name in mask else before[name]
+        assert torch.equal(p, expected), name
+    with pytest.raises(cli.UsageError, match=r"top-p pruning needs a learned static router \(lime, last-J or "
+                                              r"first-J\), not router='dynamic'"):
+        pruning.prune_routers(small_model("dynamic"), 0.9)
+
+
+@pytest.mark.parametrize("mode", ["lime", "first-2"])
+def test_pruned_model_equals_the_dense_routing_with_its_zeros(mode):
+    model, idx = small_model(mode), tokens()
+    unpruned = model(idx)[0]
+    mask = pruning.prune_routers(model, 0.6)
+    assert sum(p for p, _ in pruning.pruned_counts(model, mask).values()) > 0
+    for layer, R in enumerate(model.routing_weights()):  # the dense (n_kv, l + 1, n_kv) weights hold the zeros
+        name = f"transformer.h.{layer}.attn.router.weight"
+        if name in mask:
+            sources = model.routers[layer].sources
+            assert torch.equal(R[:, sources] != 0, mask[name])
+    fast = model(idx)[0]  # kernels.route, pushing each layer's K/V to its readers
+    model.reference_routing = True  # route_reference: the einsum over every source, zeros included
+    torch.testing.assert_close(fast, model(idx)[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(fast, unpruned, atol=1e-4)  # the zeros do change what the model computes

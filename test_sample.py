@@ -1,0 +1,83 @@
+"""Generation and evaluation from a checkpoint (sample.py)."""
+
+import json
+
+import pytest
+import torch
+
+import arithmetic
+import runs
+import sample
+from conftest import error_of
+
+def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
+    first = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
+    again = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
+    assert first == again and len(first) == 4
+    model = runs.load_checkpoint(arith_run, "cpu")[1]
+    vocab = arithmetic.load(json.loads((arith_run / "config.json").read_text())["data_dir"])[0]
+    for ids in first:
+        n_prompt = ids.index(vocab.stoi["="]) + 1
+        ref = model.generate(torch.tensor([ids[:n_prompt]]), 64 - n_prompt, temperature=0, stop=vocab.eos)
+        assert ref[0].tolist() == ids
+    lines = [l for l in capsys.readouterr().out.splitlines() if "tokens/s" in l]
+    assert len(lines) == 8 and all(("[right]" in l) or ("[wrong, the answer is" in l) for l in lines)
+
+
+def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
+    sample.main(["--out-dir", str(arith_run), "--start", "( 7 + 5 ) / 3", "--num-samples", "1"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("( 7 + 5 ) / 3 = ") and ("[right]" in line or "the answer is 4]" in line)
+
+
+def test_sample_eval_matches_train(arith_run, language_run, capsys):
+    summary = json.loads((arith_run / "summary.json").read_text())
+    metrics = sample.main(["--out-dir", str(arith_run), "--eval"])
+    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_4",
+                                               "val_acc_5", "val_acc_6")}
+    summary = json.loads((language_run / "summary.json").read_text())
+    metrics = sample.main(["--out-dir", str(language_run), "--eval"])
+    assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
+
+
+def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):
+    """The regime is in the run's config (config.json and the checkpoint); data of another one is refused."""
+    for config in (json.loads((arith_run / "config.json").read_text()), runs.read_checkpoint(arith_run)["config"]):
+        assert arithmetic.Task.from_meta(config["task"]) == arithmetic.Task()
+    other = tmp_path / "other"
+    arithmetic.prepare(other, arithmetic.Task(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
+    for flags in (["--eval"], ["--start", "1 + 2 + 3 + 4"]):
+        err = error_of(sample.main, ["--out-dir", str(arith_run), "--data-dir", str(other), *flags], capsys, code=1)
+        assert err == (f"sample.py: error: {other} holds the task mod11-answer, tiers 4,5,6 operands, but the run was "
+                       "trained on int-steps, tiers 4,5,6 operands: give --data-dir the run's data")
+
+
+def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("To be")
+    outs = sample.main(["--out-dir", str(language_run), "--start", f"FILE:{prompt}", "--num-samples", "2",
+                        "--max-new-tokens", "10", "--temperature", "0"])
+    assert len(outs) == 1 and len(outs[0]) == len("To be") + 10  # greedy: the one answer, once
+    assert capsys.readouterr().out.startswith("To be") and offline_gpt2.decode(outs[0][:5]) == "To be"
+    outs = sample.main(["--out-dir", str(language_run), "--start", "To be", "--num-samples", "2",
+                        "--max-new-tokens", "10", "--temperature", "1", "--top-k", "1"])
+    assert len(outs) == 2 and outs[0] == outs[1]  # sampled, so two, though top-k 1 makes them equal
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--start", ""], "--start is empty"),
+    (["--start", "1 + " * 40 + "1"], "the prompt is 82 tokens; the model's block size is 64"),
+    (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
+    (["--start", "7 + x"], "expected a number, got 'x'"),
+    (["--start", "1000 - 1"], "1000 is out of the task's range 0..999"),
+    (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
+])
+def test_sample_bad_input(arith_run, capsys, args, message):
+    err = error_of(sample.main, ["--out-dir", str(arith_run), *args], capsys)
+    assert err.startswith("sample.py: error: ") and message in err
+
+
+def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
+    assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
+    (tmp_path / "ckpt.pt").write_text("garbage")
+    assert "cannot read" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)

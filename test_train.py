@@ -1,0 +1,324 @@
+"""Training (train.py) and its run management (runs.py): the loss goes down, resuming equals not
+stopping, signals save a checkpoint, flags come from the config, several processes."""
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import arithmetic
+import cli
+import lime
+import runs
+import train
+from conftest import assert_same_run, error_of, read_log, small_model, snapshot, tiny_args, train_losses
+from cli import option
+from lime import GPT, GPTConfig
+
+def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(tiny_args(arith_dir, out, "--max-steps=40", "--eval-interval=20", "--lr=1e-2"))
+    losses = list(train_losses(out).values())
+    assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["router"] == "lime" and summary["steps"] == 40 and summary["tokens_seen"] == 40 * 8 * 64
+    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_6", "tokens_per_s", "peak_memory_bytes"} <= set(summary)
+    assert arithmetic.Task.from_meta(summary["task"]) == arithmetic.Task() and summary["seed"] == 1337
+    evals = [r for r in read_log(out) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [20, 40] and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert "val_acc_6" in evals[0] and "acc_6" not in evals[0] and "acc_6" in evals[-1]  # the test split at the end
+    config = json.loads((out / "config.json").read_text())
+    assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
+
+
+@pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
+def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch, interrupt):
+    parts = tmp_path / "parts"
+    if interrupt == "stop-at":
+        train.main(tiny_args(arith_dir, parts, "--stop-at=5"))
+    else:  # Ctrl-C while fetching the batch of step 7: steps 1..7 are done and saved
+        real_batch = arithmetic.Data.batch
+        calls = []
+
+        def batch(self, rng, n):
+            calls.append(1)
+            if len(calls) == 2 * 7 + 1:
+                raise KeyboardInterrupt
+            return real_batch(self, rng, n)
+
+        monkeypatch.setattr(arithmetic.Data, "batch", batch)
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(arith_dir, parts))
+        assert e.value.code == 130
+        monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+    stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
+    assert stopped_at == (5 if interrupt == "stop-at" else 7)
+    train.main(tiny_args(arith_dir, parts, "--resume"))
+    assert_same_run(parts, whole_run)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preset=huge"], "unknown preset 'huge': choose from 150m, 1b, deep, arith, prosqa, tiny"),
+    (["--router=first-0"], "unknown router 'first-0'"),
+    (["--n-kv-head=3", "--n-head=2"], "n_kv_head=3 must divide n_head=2"),
+    (["--micro-batch-size=3"], "--batch-size=8 is not a multiple of --micro-batch-size=3"),
+    (["--resume"], "--resume: no checkpoint at"),
+    (["--schedule=step"], "--schedule='step': choose from cosine, linear"),
+    (["--max-steps=abc"], "argument --max-steps: invalid int value"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    err = error_of(train.main, tiny_args(arith_dir, out, *flags), capsys)
+    assert err.startswith("train.py: error: ") and message in err
+    assert not out.exists()
+
+
+def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main(tiny_args(arith_dir, out, "--stop-at=2"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "was trained with router='lime' (not 'none')" in error_of(
+        train.main, tiny_args(arith_dir, out, "--router=none", "--resume"), capsys)
+    (out / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert "--resume: cannot read" in error_of(train.main, tiny_args(arith_dir, out, "--resume"), capsys)
+    assert {p.name for p in out.iterdir()} == set(before)
+    assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
+
+
+def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
+    msg = error_of(train.main, ["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"],
+                   capsys, code=1)
+    assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
+    assert not (tmp_path / "run").exists()
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    real_forward = GPT.forward
+    calls = []
+
+    def forward(self, idx, targets=None, cache=None):
+        logits, loss = real_forward(self, idx, targets, cache)
+        if targets is not None and self.training:
+            calls.append(1)
+            if len(calls) > 2 * 8:  # from step 9 on, with 2 micro-steps per step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(arith_dir, out))
+    assert e.value.code == 1 and f"the checkpoint of step 6 stays in {out}" in capsys.readouterr().err
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
+    assert not (out / "summary.json").exists()
+
+
+def test_flags_come_from_the_config_fields():
+    """A field added to the config is a flag: helped by option()'s text (by its name without one), a bool
+    read as on/off, the defaults of the preset given shown; a field of another type (task) is no flag."""
+    @dataclasses.dataclass
+    class Fork(train.TrainConfig):
+        plain: int = 3
+        switch: bool = option(True, "a documented switch")
+
+    p = runs.build_parser(Fork, {**dataclasses.asdict(Fork()), **train.PRESETS["tiny"]})
+    args = p.parse_args(["--plain=5", "--switch=off"])
+    assert args.plain == 5 and args.switch is False and p.parse_args(["--switch=on"]).switch is True
+    helps = {a.dest: a.help for a in p._actions}
+    assert helps["plain"] == "plain [3]" and helps["switch"] == "a documented switch [True]"
+    assert helps["router"] == f"routing mode: {lime.router_forms()} [lime]" and all(helps.values())
+    assert helps["n_layer"] == "number of decoder blocks (L) [4]" and "task" not in helps  # the tiny preset's 4
+    assert [a.dest for a in p._actions][1:3] == ["plain", "switch"]  # the fork's own fields first
+    with pytest.raises(cli.UsageError, match="expected on or off, got 'maybe'"):
+        p.parse_args(["--switch=maybe"])
+
+
+def test_help_shows_the_defaults_of_the_preset_given(capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--preset=1b", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped to any terminal's width
+    assert e.value.code == 0 and "--n-layer N_LAYER number of decoder blocks (L) [16]" in out
+    assert "--batch-size BATCH_SIZE sequences per optimiser step, over all processes [1024]" in out
+
+
+def test_param_groups_follow_the_spec():
+    model = small_model("dynamic")
+    cfg = train.TrainConfig(weight_decay=0.1, lr=1e-3, router_lr=1e-2)
+    groups = train.param_groups(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_group = [(g["weight_decay"], g["lr_scale"] * cfg.lr, {names[id(p)] for p in g["params"]}) for g in groups]
+    (wd0, lr0, decay), (wd1, lr1, no_decay), (wd2, lr2, router) = by_group
+    assert (wd0, lr0) == (0.1, 1e-3) and (wd1, lr1) == (0.0, 1e-3) and (wd2, lr2) == (0.0, 1e-2)
+    assert router == {n for n in names.values() if "router" in n} and any("proj" in n for n in router)
+    assert "transformer.wte.weight" in no_decay and all("ln" in n or "wte" in n for n in no_decay)
+    assert all(n.endswith(("c_q.weight", "c_kv.weight", "c_proj.weight", "c_fc.weight")) for n in decay)
+    assert len(decay | no_decay | router) == len(names)
+
+
+def test_learning_rate_schedules():
+    cfg = train.TrainConfig(lr=1e-3, min_lr=1e-6, warmup_steps=10, max_steps=110, schedule="cosine")
+    assert train.learning_rate(0, cfg) == pytest.approx(1e-4) and train.learning_rate(9, cfg) == pytest.approx(1e-3)
+    assert train.learning_rate(60, cfg) == pytest.approx((1e-3 + 1e-6) / 2)
+    assert train.learning_rate(110, cfg) == pytest.approx(1e-6)
+    cfg.schedule = "linear"
+    assert train.learning_rate(35, cfg) == pytest.approx(1e-6 + 0.75 * (1e-3 - 1e-6))
+
+
+def test_two_process_ddp_on_cpu(arith_dir, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "train.py", *tiny_args(arith_dir, out, "--max-steps=4", "--eval-interval=4")]
+    # the environment torchrun gives each process, set here: torchrun's own start (a third torch import) costs seconds
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    result = types.SimpleNamespace(returncode=max(p.returncode for p in procs), stdout=outputs[0][0] + outputs[1][0],
+                                   stderr=outputs[0][1] + outputs[1][1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 process(es)" in result.stdout and result.stdout.count("step 4/4") == 1  # only rank 0 prints
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and math.isfinite(summary["val_loss"])
+    # 2 processes x micro-batch 4 = the batch of 8 in a single micro-step each
+    assert "1 micro-step(s) of 4" in result.stdout
+
+
+def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):
+    old = tmp_path / "old"
+    shutil.copytree(arith_run, old)
+    (old / "routes.png").write_bytes(b"a picture of the old run")
+    before = snapshot(old)
+    for run in (old, tmp_path / "log-only"):  # a log alone is a run too: one cut short before its first save
+        if run.name == "log-only":
+            run.mkdir()
+            (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
+        err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
+        assert err.startswith(f"train.py: error: {run} already holds a run (")
+        assert "--resume" in err and "--overwrite" in err
+    assert snapshot(old) == before
+    train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
+    # --overwrite starts over: only the new run's files, the old picture gone
+    assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
+    assert json.loads((old / "summary.json").read_text())["steps"] == 2 and sorted(train_losses(old)) == [1, 2]
+    assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tmp_path, monkeypatch, capsys):
+    """In this process, as a subprocess would spend seconds importing torch: train.main is what
+    `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
+    real_batch, calls = arithmetic.Data.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * 7 + 1:  # the first micro-batch of step 8: steps 1..7 are done
+            os.kill(os.getpid(), signal.SIGTERM)  # what `kill` and a cluster scheduler send
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    out = tmp_path / "run"
+
+    def unhandled(signum, frame):  # rather than the default, which would end the test session
+        pytest.fail("train.py did not handle SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(arith_dir, out))
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # train.py put the handler before it back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 128 + signal.SIGTERM
+    printed = capsys.readouterr()
+    assert "SIGTERM: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
+    monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+    train.main(tiny_args(arith_dir, out, "--resume"))
+    assert_same_run(out, whole_run)
+
+
+@pytest.mark.parametrize("case", ["second signal during the save on the way out", "signal during a periodic save"])
+def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, capsys, case):
+    second = case.startswith("second")
+    real_save, real_batch, saves, batches = torch.save, arithmetic.Data.batch, [], []
+
+    def save(obj, f):
+        saves.append(obj["step"])
+        os.kill(os.getpid(), signal.SIGINT)  # unless it waits, KeyboardInterrupt here, and no checkpoint
+        real_save(obj, f)
+
+    def batch(self, rng, n):
+        batches.append(1)
+        if second and len(batches) == 2 * 3 + 1:  # the first Ctrl-C, after step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    periodic = [] if second else ["--eval-interval=2", "--eval-samples=1"]  # the save after the evaluation of step 2
+    ended = None
+    try:
+        train.main(tiny_args(arith_dir, tmp_path / "run", *periodic))
+    except (SystemExit, KeyboardInterrupt) as e:  # a KeyboardInterrupt would otherwise stop the whole test session
+        ended = e
+    assert isinstance(ended, SystemExit) and ended.code == 128 + signal.SIGINT
+    step = 3 if second else 2
+    assert saves == [step]  # one save, whole; the signal during it did not start another
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == step
+    out = capsys.readouterr()
+    assert out.out.count("saving a checkpoint") == 1 and f"interrupted: checkpoint at step {step}" in out.out
+    assert "Traceback" not in out.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
+
+
+def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(arith_dir, arith_run, tmp_path, capsys):
+    run = tmp_path / "cut"
+    shutil.copytree(arith_run, run)
+    (run / "summary.json").unlink()  # as when a signal came during the last evaluation: ckpt at max_steps, no summary
+    train.main(tiny_args(arith_dir, run, "--resume", "--max-steps=6"))
+    old, new = (json.loads((d / "summary.json").read_text()) for d in (arith_run, run))
+    assert {k: new[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")} == \
+        {k: old[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")}
+    assert "step 1/" not in capsys.readouterr().out  # no training step was taken
+    err = error_of(train.main, tiny_args(arith_dir, run, "--resume", "--max-steps=6"), capsys)  # finished now
+    assert "already at max_steps=6" in err
+
+
+def router_state(ckpt, name):
+    """The AdamW moments of one router weight in a saved checkpoint (the optimiser keys them by position)."""
+    cfg = train.TrainConfig(**ckpt["config"])
+    model = GPT(GPTConfig.of(cfg))
+    params = [n for g in train.param_groups(model, cfg) for n, p in model.named_parameters()
+              if any(p is q for q in g["params"])]
+    return ckpt["optimizer"]["state"][params.index(name)]
+
+
+def test_pruning_during_training_survives_resume(arith_dir, tmp_path):
+    prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(arith_dir, whole, *prune))
+    train.main(tiny_args(arith_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
+    assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
+    train.main(tiny_args(arith_dir, parts, *prune, "--resume"))
+    assert_same_run(parts, whole)
+    ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
+    name = "transformer.h.1.attn.router.weight"
+    keep = ckpt["router_mask"][name]
+    assert 0 < (~keep).sum() < keep.numel()
+    assert torch.all(ckpt["model"][name][~keep] == 0) and torch.all(ckpt["model"][name][keep] != 0)
+    state = router_state(ckpt, name)  # no gradient and no momentum reach a pruned weight
+    assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
+    assert json.loads((parts / "summary.json").read_text())["router_pruned"] == int((~keep).sum())
+    assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
