@@ -84,6 +84,8 @@ def print_layer_map(M):
 
 def cmd_routes(args):
     cfg, model = load(args.out_dir[0], args)
+    if not model.routers and cfg.router != "none":
+        raise UsageError(f"--router={cfg.router} works on the residual stream and routes no K/V: there is no map")
     M = route_map(model)
     image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
     print(f"router {cfg.router}: row = layer, column = source layer, % of mean |weight|")
@@ -116,7 +118,8 @@ def activations(model, idx):
     hooks = []
     for block in model.transformer.h:
         hooks.append(block.attn.c_kv.register_forward_hook(keep_kv))
-        hooks.append(block.register_forward_hook(lambda m, i, out: hidden.append(out[0])))
+        # the stream after the block, as the final norm would read it (the sum of Hyper-Connections' streams)
+        hooks.append(block.register_forward_hook(lambda m, i, out: hidden.append(model.residual.end(out)[0])))
     try:
         model(idx[None])
     finally:

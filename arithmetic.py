@@ -58,7 +58,8 @@ class Task:
             raise DataError(f"--modulus must be a prime (every nonzero number needs an inverse), got {self.modulus}")
         if self.field == "int" and not 1 <= self.max_operand <= self.max_value:
             raise DataError(f"--max-operand must be in 1..--max-value ({self.max_value}), got {self.max_operand}")
-        if not self.tiers or min(self.tiers) < (1 if self.count == "operators" else 2) or len(set(self.tiers)) < len(self.tiers):
+        least = 1 if self.count == "operators" else 2
+        if not self.tiers or min(self.tiers) < least or len(set(self.tiers)) < len(self.tiers):
             raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
 
     @classmethod

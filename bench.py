@@ -1,5 +1,5 @@
 """
-Speed and memory of every router mode against the LLaMA baseline (`none`).
+Speed and memory of every router mode and baseline against the LLaMA baseline (`none`).
 
     python bench.py                                   # CPU: a small 12-layer shape, a few minutes on 2 cores
     python bench.py --device cuda                     # the 150M shape, bf16 + torch.compile
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import baselines  # noqa: F401 (its methods join lime.ROUTERS: they are benchmarked too)
 import kernels
 from cli import Parser, UsageError, atomic_write, autocast_for, fail, peak_flops, pick_device, synchronize
 from lime import GPT, ROUTERS, GPTConfig
@@ -200,13 +201,13 @@ def add_ratios(results):
 
 def print_table(results, base, title):
     print(title)
-    ratio = f"x {base}"
-    print(f"{'router':>9} {'ms/step':>9} {ratio:>9} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {ratio:>9} "
+    ratio, w = f"x {base}", max(9, *(len(x["router"]) for x in results))
+    print(f"{'router':>{w}} {'ms/step':>9} {ratio:>9} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {ratio:>9} "
           f"{'gen tok/s':>10}")
     for x in results:
         mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] else "-"
         gen = f"{x['gen_tokens_per_s']:,.0f}" if x["gen_tokens_per_s"] else "-"
-        print(f"{x['router']:>9} {x['ms_per_step']:9.1f} {x['step_ratio']:9.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
+        print(f"{x['router']:>{w}} {x['ms_per_step']:9.1f} {x['step_ratio']:9.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
               f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:9.3f} {gen:>10}")
 
 
@@ -215,7 +216,8 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")
-    p.add_argument("--routers", default=",".join(name.replace("-J", "-4") for name in ROUTERS),
+    every = ",".join(name.replace("-J", "" if cls.J else "-4") for name, cls in ROUTERS.items())  # J: its default, or 4
+    p.add_argument("--routers", default=every,
                    help="comma-separated router modes; ratios are to none, or to the first listed")
     p.add_argument("--n-layer", type=int, help="override the shape's depth")
     p.add_argument("--batch-size", type=int, help="override the shape's sequences per step")

@@ -19,7 +19,8 @@ What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router` and its subclasses: the paper's router and its ablations (`none`, `lime`,
     `average`, `dynamic`, `last-J`, `first-J`), each one small class that states its weights.
-    A new router is one more class (the README's "Fork it").
+    A new router is one more class (the README's "Fork it"); so is a method of the residual
+    stream (`Residual`): baselines.py holds the paper's baseline and two controls, written so.
   * `Routing`: carries K/V from layer to layer. Training uses the fast path in kernels.py:
     one op per layer that torch.compile keeps in a single graph, which stores each layer's
     K/V once (training memory O(L); autograd through a stack per layer, as in the paper's
@@ -51,7 +52,7 @@ class GPTConfig:
     n_embd: int = option(768, "residual stream width (d)", rule=POSITIVE)
     mlp_hidden: int = option(3072, "SwiGLU hidden width", rule=POSITIVE)
     # (its help is a function: read when the routers are all defined, a fork's among them)
-    router: str = option("lime", lambda: f"routing mode: {router_forms()}")
+    router: str = option("lime", lambda: f"cross-layer method, a router or a baseline: {router_forms()}")
     rope_theta: float = option(10000.0, "RoPE base frequency", rule=POSITIVE)
     norm_eps: float = option(1e-5, "RMSNorm epsilon", rule=POSITIVE)
 
@@ -88,14 +89,26 @@ def route_reference(weight, sources):
     return torch.einsum("bthj,btjhe->bthe", weight, src)
 
 
-ROUTERS = {}  # --router name -> Router subclass, in the order they are defined; a subclass adds itself
+ROUTERS = {}  # --router name -> class, in the order they are defined; a subclass with a name adds itself
 
 
-class Router(nn.Module):
+class Method(nn.Module):
+    """What --router names: a Router (how attention reads the K/V of earlier layers, below) or a
+    Residual (the stream between the sub-layers, further down). A subclass with a `name` adds
+    itself to ROUTERS; a name ending in "-J" takes a positive integer, `J` its default if any."""
+    name, J = None, None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            ROUTERS[cls.name] = cls
+
+
+class Router(Method):
     """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
     subclass that says three things:
 
-      name              its --router value; a name ending in "-J" takes a positive integer (last-4)
+      name              its --router value, as Method says (last-J: last-4)
       source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
                           (n_kv, n_src, n_kv)  weight[h, i, g]: from head g of source i into head h, or
@@ -109,13 +122,8 @@ class Router(nn.Module):
     start as the identity on the layer's own heads and Kaiming-uniform elsewhere).
     Layer 0 has only itself to read, so its router is `Own` in every mode.
     """
-    name = None
     per_token = False  # True: the weights depend on the input x, so the routing pulls them (see Routing)
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            ROUTERS[cls.name] = cls
+    keys = True  # False: it routes the values only, and the keys stay the layer's own (pulled too)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
@@ -143,6 +151,10 @@ class Router(nn.Module):
         out = R.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
         out[:, self.sources] = R
         return out
+
+    @property
+    def pulled(self):
+        return self.per_token or not self.keys
 
     @property
     def prunable(self):
@@ -220,19 +232,23 @@ class First(LIMe):
 
 
 def parse_router(spec):
-    """'first-4' -> (First, 4); 'lime' -> (LIMe, None). Anything else is a ValueError naming the forms."""
+    """'first-4' -> (First, 4); 'lime' -> (LIMe, None); 'hc' -> (its class, its default J). Anything
+    else is a ValueError naming the forms."""
     m = re.fullmatch(r"(.*?)(?:-([1-9][0-9]*))?", str(spec))
-    name = f"{m[1]}-J" if m[2] else m[1]
-    if name not in ROUTERS or name.endswith("-J") != bool(m[2]):
+    name, J = (f"{m[1]}-J", int(m[2])) if m[2] else (m[1], None)
+    if name not in ROUTERS and getattr(ROUTERS.get(f"{name}-J"), "J", None):  # the J it takes by default
+        name, J = f"{name}-J", ROUTERS[f"{name}-J"].J
+    if name not in ROUTERS or name.endswith("-J") != (J is not None):
         forms = router_forms()
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
-    return ROUTERS[name], int(m[2]) if m[2] else None
+    return ROUTERS[name], J
 
 
 def router_forms(where=None):
-    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only those whose
-    router satisfies it: router_forms(lambda r: r.prunable)."""
-    names = [name for name, cls in ROUTERS.items() if where is None or where(probe(cls))]
+    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
+    satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
+    names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in ROUTERS.items()
+             if where is None or issubclass(cls, Router) and where(probe(cls))]
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
@@ -244,9 +260,11 @@ def probe(cls):
 
 
 def make_router(config, layer):
-    """The router of `layer`: None for `none` (there is nothing to route), `Own` at layer 0."""
+    """The router of `layer`: None for `none` (nothing to route) and for a Residual, `Own` at layer 0."""
     cls, J = parse_router(config.router)
-    return None if cls is Own else cls(config, layer, J) if layer > 0 else Own(config, layer)
+    if cls is Own or not issubclass(cls, Router):
+        return None
+    return cls(config, layer, J) if layer > 0 else Own(config, layer)
 
 
 class Routing:
@@ -255,8 +273,8 @@ class Routing:
     Routers whose weights are the same at every token push (see kernels.py): layer j finishes
     its own routed K/V and adds its share to the running sums of the later layers that read it,
     in one op. A `per_token` router's weights depend on the reading layer's input, so it pulls,
-    one product per source, which autograd saves once for every layer that reads it. With
-    reference=True every router pulls through route_reference.
+    one product per source, which autograd saves once for every layer that reads it; so does a
+    router of the values alone. With reference=True every router pulls through route_reference.
     """
 
     def __init__(self, routers, reference=False):
@@ -268,12 +286,12 @@ class Routing:
         """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
         router = self.routers[layer]
         self.kvs.append(kv)
-        if self.reference or router.per_token:
+        if self.reference or router.pulled:
             sources = [self.kvs[j] for j in router.sources]
-            if self.reference:
-                return router.reference(sources, x)
-            w = router.weights(x)  # (B, T, n_kv, n_src): each source's K/V scaled per token and head, summed
-            return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(kv)
+            if router.keys:
+                return self.pull(router, sources, x)
+            v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only
+            return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
         # the op adds the partial sums to its first outputs, so the targets that have one come first
         targets = sorted([layer] + router.readers, key=lambda l: l not in self.partial)
         partials = [self.partial.pop(l) for l in targets if l in self.partial]
@@ -282,6 +300,13 @@ class Routing:
         outs = dict(zip(targets, kernels.route(kv, w, partials)))
         self.partial.update((l, outs[l]) for l in router.readers)
         return outs[layer]
+
+    def pull(self, router, sources, x):
+        w = router.weights(x if router.per_token else None)
+        if self.reference or w.dim() == 3:  # (weights across heads: the stack of route_reference)
+            return router.reference(sources, x)
+        # within each head, (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed
+        return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(sources[0])
 
 
 # -----------------------------------------------------------------------------
@@ -360,17 +385,39 @@ class MLP(nn.Module):
         return self.c_proj(F.silu(gate) * up)
 
 
+class Residual(Method):
+    """The residual stream: what each sub-layer (attention, then the MLP, in every block) reads, and
+    how its output joins the stream. Here the pre-norm residual, h + f(h). A method of the stream
+    (baselines.py) is a subclass with a name, chosen by --router; its model then routes no K/V."""
+
+    def __init__(self, config=None, J=None):
+        super().__init__()
+
+    def start(self, x):
+        return x  # the embedding (B, T, C) -> the stream
+
+    def add(self, i, h, f):
+        return h + f(h)  # sub-layer i (2 per block): f maps its input (B, T, C) to its output
+
+    def end(self, h):
+        return h  # the stream -> what the final norm reads (B, T, C)
+
+    def flops(self):
+        return 0  # training FLOPs per token beyond the weights of Linear layers (GPT.estimate_flops)
+
+
 class Block(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
+        self.layer = layer
         self.ln_1 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.attn = Attention(config, layer)
         self.ln_2 = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, routing, cos, sin, cache=None):
-        x = x + self.attn(self.ln_1(x), routing, cos, sin, cache)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, h, residual, routing, cos, sin, cache=None):
+        h = residual.add(2 * self.layer, h, lambda x: self.attn(self.ln_1(x), routing, cos, sin, cache))
+        return residual.add(2 * self.layer + 1, h, lambda x: self.mlp(self.ln_2(x)))
 
 
 class GPT(nn.Module):
@@ -384,11 +431,13 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
+        method, J = parse_router(config.router)
+        self.residual = method(config, J) if issubclass(method, Residual) else Residual()
         # a plain list (the modules are registered in their blocks); each learns who takes its push
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
         for r in self.routers:
             r.readers = [later.layer for later in self.routers[r.layer + 1:]
-                         if r.layer in later.sources and not later.per_token]
+                         if r.layer in later.sources and not later.pulled]
         self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -404,7 +453,8 @@ class GPT(nn.Module):
           - RMSNorm gains: one;
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
-            other allowed source, fan_in being the number of (layer, head) sources a head reads.
+            other allowed source, fan_in being the number of (layer, head) sources a head reads;
+          - a method from outside this file with an init_weights() of its own: what that says.
         """
         std = 0.02
         for name, module in self.named_modules():
@@ -422,6 +472,8 @@ class GPT(nn.Module):
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
+            elif isinstance(module, Method) and hasattr(module, "init_weights"):
+                module.init_weights()  # a method from elsewhere (baselines.py, a fork) that sets its own
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -431,12 +483,12 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, head_dim/2)
         routing = Routing(self.routers, self.reference_routing) if self.routers else None
-        x = self.transformer.wte(idx)  # (B, T, n_embd)
+        h = self.residual.start(self.transformer.wte(idx))  # the embedding (B, T, n_embd) -> the stream
         for block in self.transformer.h:
-            x = block(x, routing, cos, sin, cache)
+            h = block(h, self.residual, routing, cos, sin, cache)
         if cache is not None:
             cache.pos += T
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(self.residual.end(h)))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
@@ -483,7 +535,7 @@ class GPT(nn.Module):
 
     def num_params(self):
         """Parameter counts by part; the tied embedding is counted once."""
-        parts = dict(router="router", wte="embedding", attn="attention", mlp="mlp")  # name fragment -> part
+        parts = dict(router="router", residual="residual", wte="embedding", attn="attention", mlp="mlp")
         counts = dict.fromkeys([*parts.values(), "norm"], 0)
         for name, p in self.named_parameters():
             counts[next((part for key, part in parts.items() if key in name), "norm")] += p.numel()
@@ -496,6 +548,7 @@ class GPT(nn.Module):
             6 * (weights used in matmuls, the tied head included once, the embedding lookup not)
           + 12 * n_layer * n_head * head_dim * T      (QK^T and AV, non-causal count, as nanoGPT)
           + 6 * sum_{l > 0} (numbers in R^(l)'s weights()) * 2 * head_dim     (the routing)
+          + what the residual stream adds (Residual.flops(); none for the plain one)
 
         The routing term is what LIMe adds: each routed K/V element is a dot product over the
         allowed sources (within-head weights: over the same head only); it grows as O(L^2) with
@@ -506,5 +559,5 @@ class GPT(nn.Module):
         head_dim = c.n_embd // c.n_head
         dense = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attention = 12 * c.n_layer * c.n_head * head_dim * T
-        routing = sum(6 * r.weights().numel() * 2 * head_dim for r in self.routers if r.layer > 0)
-        return 6 * dense + attention + routing
+        routing = sum(6 * r.weights().numel() * (2 if r.keys else 1) * head_dim for r in self.routers if r.layer > 0)
+        return 6 * dense + attention + routing + self.residual.flops()

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 import arithmetic
+import baselines  # noqa: F401 (its methods join lime.ROUTERS: a run may name them)
 import prosqa
 from cli import Parser, UsageError, atomic_write, folder_problem, one_line_errors, pick_device
 from data import TokenData

@@ -1,12 +1,37 @@
 """LIMe against the baseline over seeds and regimes of the arithmetic task (grid.py)."""
 
+import contextlib
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import grid
+import train
 from conftest import error_of, snapshot
 
-def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys):
+
+class TrainInThisProcess:
+    """Stands in for subprocess.Popen in grid.py: runs `python train.py ...` as train.main(...) in this
+    process, its output into the log grid gave it (a process of its own would spend seconds importing torch;
+    test_two_process_ddp_on_cpu runs train.py as one)."""
+
+    def __init__(self, cmd, stdout, stderr, env):
+        assert cmd[:2] == [sys.executable, str(Path(grid.__file__).with_name("train.py"))], cmd
+        assert env["OMP_NUM_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
+            try:
+                train.main(cmd[2:])
+                self.returncode = 0
+            except SystemExit as e:
+                self.returncode = e.code
+
+    def poll(self):
+        return self.returncode
+
+
+def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(grid.subprocess, "Popen", TrainInThisProcess)
     args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none", "--seeds", "1",
             "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),

@@ -42,10 +42,10 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
 
 
 @pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
-def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch, interrupt):
+def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatch, interrupt):
     parts = tmp_path / "parts"
     if interrupt == "stop-at":
-        train.main(tiny_args(arith_dir, parts, "--stop-at=5"))
+        train.main(tiny_args(answer_dir, parts, "--stop-at=5"))
     else:  # Ctrl-C while fetching the batch of step 7: steps 1..7 are done and saved
         real_batch = arithmetic.Data.batch
         calls = []
@@ -58,12 +58,12 @@ def test_resume_equals_uninterrupted(arith_dir, whole_run, tmp_path, monkeypatch
 
         monkeypatch.setattr(arithmetic.Data, "batch", batch)
         with pytest.raises(SystemExit) as e:
-            train.main(tiny_args(arith_dir, parts))
+            train.main(tiny_args(answer_dir, parts))
         assert e.value.code == 130
         monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
     stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
     assert stopped_at == (5 if interrupt == "stop-at" else 7)
-    train.main(tiny_args(arith_dir, parts, "--resume"))
+    train.main(tiny_args(answer_dir, parts, "--resume"))
     assert_same_run(parts, whole_run)
 
 
@@ -83,14 +83,14 @@ def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, f
     assert not out.exists()
 
 
-def test_resume_with_an_incompatible_checkpoint(arith_dir, tmp_path, capsys):
+def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    train.main(tiny_args(arith_dir, out, "--stop-at=2"))
+    train.main(tiny_args(answer_dir, out, "--stop-at=2"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "was trained with router='lime' (not 'none')" in error_of(
-        train.main, tiny_args(arith_dir, out, "--router=none", "--resume"), capsys)
+        train.main, tiny_args(answer_dir, out, "--router=none", "--resume"), capsys)
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
-    assert "--resume: cannot read" in error_of(train.main, tiny_args(arith_dir, out, "--resume"), capsys)
+    assert "--resume: cannot read" in error_of(train.main, tiny_args(answer_dir, out, "--resume"), capsys)
     assert {p.name for p in out.iterdir()} == set(before)
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
@@ -102,7 +102,7 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, monkeypatch, capsys):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(answer_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_forward = GPT.forward
     calls = []
@@ -117,7 +117,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(arith_dir, tmp_path, 
 
     monkeypatch.setattr(GPT, "forward", forward)
     with pytest.raises(SystemExit) as e:
-        train.main(tiny_args(arith_dir, out))
+        train.main(tiny_args(answer_dir, out))
     assert e.value.code == 1 and f"the checkpoint of step 6 stays in {out}" in capsys.readouterr().err
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
     assert not (out / "summary.json").exists()
@@ -136,7 +136,8 @@ def test_flags_come_from_the_config_fields():
     assert args.plain == 5 and args.switch is False and p.parse_args(["--switch=on"]).switch is True
     helps = {a.dest: a.help for a in p._actions}
     assert helps["plain"] == "plain [3]" and helps["switch"] == "a documented switch [True]"
-    assert helps["router"] == f"routing mode: {lime.router_forms()} [lime]" and all(helps.values())
+    assert helps["router"] == f"cross-layer method, a router or a baseline: {lime.router_forms()} [lime]"
+    assert all(helps.values())
     assert helps["n_layer"] == "number of decoder blocks (L) [4]" and "task" not in helps  # the tiny preset's 4
     assert [a.dest for a in p._actions][1:3] == ["plain", "switch"]  # the fork's own fields first
     with pytest.raises(cli.UsageError, match="expected on or off, got 'maybe'"):
@@ -174,9 +175,9 @@ def test_learning_rate_schedules():
     assert train.learning_rate(35, cfg) == pytest.approx(1e-6 + 0.75 * (1e-3 - 1e-6))
 
 
-def test_two_process_ddp_on_cpu(arith_dir, tmp_path):
+def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "train.py", *tiny_args(arith_dir, out, "--max-steps=4", "--eval-interval=4")]
+    cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=4", "--eval-interval=4")]
     # the environment torchrun gives each process, set here: torchrun's own start (a third torch import) costs seconds
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,7 +217,7 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tmp_path, monkeypatch, capsys):
+def test_sigterm_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, tmp_path, monkeypatch, capsys):
     """In this process, as a subprocess would spend seconds importing torch: train.main is what
     `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
     real_batch, calls = arithmetic.Data.batch, []
@@ -236,7 +237,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tm
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
         with pytest.raises(SystemExit) as e:
-            train.main(tiny_args(arith_dir, out))
+            train.main(tiny_args(answer_dir, out))
         assert signal.getsignal(signal.SIGTERM) is unhandled  # train.py put the handler before it back
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -245,12 +246,12 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(arith_dir, whole_run, tm
     assert "SIGTERM: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
     monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
-    train.main(tiny_args(arith_dir, out, "--resume"))
+    train.main(tiny_args(answer_dir, out, "--resume"))
     assert_same_run(out, whole_run)
 
 
 @pytest.mark.parametrize("case", ["second signal during the save on the way out", "signal during a periodic save"])
-def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, capsys, case):
+def test_a_signal_during_a_save_waits_for_it(answer_dir, tmp_path, monkeypatch, capsys, case):
     second = case.startswith("second")
     real_save, real_batch, saves, batches = torch.save, arithmetic.Data.batch, [], []
 
@@ -270,7 +271,7 @@ def test_a_signal_during_a_save_waits_for_it(arith_dir, tmp_path, monkeypatch, c
     periodic = [] if second else ["--eval-interval=2", "--eval-samples=1"]  # the save after the evaluation of step 2
     ended = None
     try:
-        train.main(tiny_args(arith_dir, tmp_path / "run", *periodic))
+        train.main(tiny_args(answer_dir, tmp_path / "run", *periodic))
     except (SystemExit, KeyboardInterrupt) as e:  # a KeyboardInterrupt would otherwise stop the whole test session
         ended = e
     assert isinstance(ended, SystemExit) and ended.code == 128 + signal.SIGINT
@@ -305,13 +306,13 @@ def router_state(ckpt, name):
     return ckpt["optimizer"]["state"][params.index(name)]
 
 
-def test_pruning_during_training_survives_resume(arith_dir, tmp_path):
+def test_pruning_during_training_survives_resume(answer_dir, tmp_path):
     prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    train.main(tiny_args(arith_dir, whole, *prune))
-    train.main(tiny_args(arith_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
+    train.main(tiny_args(answer_dir, whole, *prune))
+    train.main(tiny_args(answer_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
     assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
-    train.main(tiny_args(arith_dir, parts, *prune, "--resume"))
+    train.main(tiny_args(answer_dir, parts, *prune, "--resume"))
     assert_same_run(parts, whole)
     ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
     name = "transformer.h.1.attn.router.weight"

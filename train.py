@@ -124,10 +124,12 @@ PRESETS = {
 
 
 def param_groups(model, cfg):
-    """Router: its own lr, no decay. Norms and the (tied) embedding: no decay. Matmul weights: decay."""
+    """Router: its own lr, no decay. Norms, the (tied) embedding and a method of the residual stream
+    (baselines.py): no decay. Matmul weights: decay."""
     router, no_decay, decay = [], [], []
     for name, p in model.named_parameters():
-        (router if "router" in name else no_decay if p.dim() < 2 or "wte" in name else decay).append(p)
+        stay = p.dim() < 2 or "wte" in name or name.startswith("residual.")
+        (router if "router" in name else no_decay if stay else decay).append(p)
     groups = [dict(params=decay, weight_decay=cfg.weight_decay, lr_scale=1.0),
               dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
               dict(params=router, weight_decay=0.0, lr_scale=cfg.router_lr / cfg.lr)]

@@ -1,0 +1,111 @@
+"""The baselines (baselines.py): each starts as exactly the LLaMA baseline, learns, counts its
+parameters and FLOPs right, resumes bit-exactly and has a benchmark row. Shapes, causality, the
+KV cache and one compiled graph are test_lime.py's, which run over every method there is."""
+
+import json
+
+import pytest
+import torch
+
+import bench
+import train
+from conftest import assert_same_run, small_model, tiny_args, tokens
+
+BASELINES = ["hc", "hc-static", "dwa", "value-residual"]
+
+
+def outputs_per_block(model, idx):
+    """The logits, and the stream after each block as the final norm would read it (the sum of
+    Hyper-Connections' streams), with the raw output of each block."""
+    raw = []
+    hooks = [b.register_forward_hook(lambda m, i, out: raw.append(out)) for b in model.transformer.h]
+    logits = model(idx)[0]
+    for h in hooks:
+        h.remove()
+    return logits, raw
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_a_fresh_model_is_the_baseline(method):
+    """Given none's weights, every stream after every block is exactly none's residual stream, and so
+    are the logits (Hyper-Connections: the final norm reads the sum of n equal streams, which it
+    scales back, up to its epsilon: held to rounding with a tiny one)."""
+    eps = dict(norm_eps=1e-12) if method.startswith("hc") else {}
+    base, model = small_model("none", seed=0, **eps), small_model(method, seed=1, **eps)
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("residual.") or ".router." in k for k in missing)
+    idx = tokens()
+    want_logits, want = outputs_per_block(base, idx)
+    logits, got = outputs_per_block(model, idx)
+    for x, h in zip(want, got):  # (B, T, C) against the method's stream
+        if method.startswith("hc"):  # (B, T, n, C): n identical copies
+            assert h.shape[2] == (2 if method == "hc-2" else 4) and torch.equal(h, x[:, :, None].expand_as(h))
+        else:
+            assert torch.equal(h[0] if method == "dwa" else h, x)  # dwa: (the stream, the outputs so far)
+    if method.startswith("hc"):
+        torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(logits, want_logits)
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_every_parameter_of_a_baseline_learns(method):
+    model = small_model(method)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = tokens()
+    own = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("residual.") or "router" in n}
+    assert own
+    for _ in range(2):  # a gate that starts at zero has no gradient for its scale until it opens
+        opt.zero_grad()
+        model(idx, idx)[1].backward()
+        opt.step()
+    moved = [n for n, p in model.named_parameters() if n in own and not torch.equal(p, own[n])]
+    assert moved == list(own)
+
+
+def test_parameters_and_flops():
+    """By hand, for the small model: 6 layers, d 32, 2 kv heads of 8 dimensions (K and V: 16)."""
+    none = small_model("none")
+    base_params, base_flops = none.num_params()["total"], none.estimate_flops(32)
+    subs, C, n = 12, 32, 4  # a hyper-connection around every sub-layer, 2 per block
+    static = subs * (n * (n + 1) + n)
+    dynamic = subs * (C * (n + 1) + C + 2)
+    expected = {  # method: (parameters it adds, training FLOPs per token it adds)
+        "hc": (static + dynamic, 6 * subs * (n * (n + 1) * C + n * C) * 2),
+        "hc-static": (static, 6 * subs * (n * (n + 1) * C + n * C)),
+        "hc-2": (subs * (2 * 3 + 2) + subs * (C * 3 + C + 2), 6 * subs * (2 * 3 * C + 2 * C) * 2),
+        "dwa": (sum(l + 2 for l in range(6)), 6 * C * sum(l + 2 for l in range(6))),
+        "value-residual": (5 * 2, 6 * 5 * (2 * 2) * 8),  # layers 1..5: a weight per head; 2 sources, V only
+    }
+    for method, (params, flops) in expected.items():
+        model = small_model(method)
+        counts = model.num_params()
+        assert counts["total"] - base_params == params == counts["residual"] + counts["router"], method
+        assert counts["total"] == sum(p.numel() for p in model.parameters())
+        assert model.estimate_flops(32) - base_flops == flops, method
+
+
+@pytest.mark.parametrize("method", ["hc", "dwa", "value-residual"])
+def test_resume_is_exact(method, answer_dir, tmp_path):
+    args = ("--router=" + method, "--max-steps=3", "--eval-interval=3")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(answer_dir, whole, *args))
+    train.main(tiny_args(answer_dir, parts, *args, "--stop-at=1"))
+    train.main(tiny_args(answer_dir, parts, *args, "--resume"))
+    assert_same_run(parts, whole)
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["router"] == method and summary["parameters"]["total"] > summary["parameters"]["mlp"]
+
+
+def test_a_benchmark_row_for_each(tmp_path):
+    path = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--routers", ",".join(["none", *BASELINES]), "--n-layer", "2", "--block-size", "16",
+                "--batch-size", "1", "--steps", "1", "--gen-tokens", "2", "--gen-repeats", "1", "--json", str(path)])
+    rows = {r["router"]: r for r in json.loads(path.read_text())["runs"][0]["results"]}
+    assert list(rows) == ["none", *BASELINES]
+    for r in rows.values():
+        assert r["step_ratio"] == pytest.approx(r["ms_per_step"] / rows["none"]["ms_per_step"])
+        assert r["gen_tokens_per_s"] > 0 and r["flops_per_token"] >= rows["none"]["flops_per_token"]
+    # Hyper-Connections keeps n = 4 copies of the stream for the backward; the others about none's activations
+    assert rows["hc"]["memory_bytes"] > rows["hc-static"]["memory_bytes"] > rows["none"]["memory_bytes"]
+    assert rows["dwa"]["memory_bytes"] < 1.05 * rows["none"]["memory_bytes"]
