@@ -13,6 +13,10 @@ Each command prints a table; with matplotlib installed it also saves a PNG next 
 in LIMe, the layer's own values in the baseline.
 """
 
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import (Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors, pick_device,
+                 show_value)
+
 import argparse
 import json
 from pathlib import Path
@@ -20,7 +24,6 @@ from pathlib import Path
 import torch
 
 import runs
-from cli import Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors, pick_device
 from data import evaluate
 from pruning import prunable_routers, prune_routers, pruned_counts
 
@@ -56,9 +59,12 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+        print(f"saved {path}")
+    except OSError as e:  # the table is printed already: a picture that cannot be written costs no traceback
+        print(f"(no picture: cannot write {path}: {e.strerror})")
     plt.close(fig)
-    print(f"saved {path}")
 
 
 # -----------------------------------------------------------------------------
@@ -230,12 +236,8 @@ def cmd_probe(args):
 
 
 def cmd_table(args):
-    summaries = []
-    for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs):  # a folder given twice is still one run
-        path = Path(d) / "summary.json"
-        if not path.exists():
-            raise UsageError(f"no {path} (is the run finished?)")
-        summaries.append(json.loads(path.read_text()))
+    # a folder given twice is still one run
+    summaries = [runs.read_summary(d) for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs)]
     table = runs.results_table(summaries, args.split)
     print(table)
     return table
@@ -287,7 +289,7 @@ def cmd_prune(args):
     print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
     print(f"{'metric':<10} {'unpruned':>10} {'pruned':>10}")
     for key in before:
-        print(f"{key:<10} {before[key]:>10.4f} {after[key]:>10.4f}")
+        print(f"{key:<10} {show_value(key, before[key]):>10} {show_value(key, after[key]):>10}")
     M = survival_map(model, mask)
     print("kept, % of the router weights: row = layer, column = source layer ('.': no learned weight)")
     print_layer_map(M)

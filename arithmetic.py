@@ -13,10 +13,11 @@ regime in meta.json, with the task's small vocabulary in which every integer is 
 import dataclasses
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import DataError, atomic_write
+from cli import DataError, UsageError, atomic_write, read_json
 from data import TaskRows, greedy_accuracy
 
 # The task
@@ -260,15 +261,73 @@ def generate(task, seed, train_size, test_size):
     return out
 
 
-def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000):
+SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
+FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data folder of the task holds
+
+
+def regime(meta):
+    """What makes a folder's data what it is: the task, and the generator's seed and sizes (where known)."""
+    return {**dataclasses.asdict(Task.from_meta(meta)), **{k: meta[k] for k in SIZES if k in meta}}
+
+
+def describe(regime):
+    """'int-steps, tiers 4,5,6 operands (seed 0; 50000 train, 1000 test, 1000 val a tier)'."""
+    sizes = f"seed {regime['seed']}; {regime['train_size']} train, {regime['test_size']} test, {regime['test_size']} " \
+            "val a tier" if "seed" in regime else "seed and sizes not recorded"
+    return f"{Task.from_meta(regime).label} ({sizes})"
+
+
+def command(regime, data_dir):
+    """The prepare_data.py command that builds `regime`'s data in data_dir."""
+    t, default = Task.from_meta(regime), Task()
+    flags = [f"--data-dir {data_dir}", f"--field {t.field}", f"--count {t.count}",
+             f"--tiers {','.join(map(str, t.tiers))}", f"--target {t.target}"]
+    flags += [f"--modulus {t.modulus}"] * (t.field == "mod" and t.modulus != default.modulus)
+    flags += [f"--max-operand {t.max_operand} --max-value {t.max_value}"] * (
+        t.field == "int" and (t.max_operand, t.max_value) != (default.max_operand, default.max_value))
+    flags += [f"--{k.replace('_', '-')} {regime[k]}" for k in SIZES if regime.get(k, SIZES[k]) != SIZES[k]]
+    return "python prepare_data.py arithmetic " + " ".join(flags)
+
+
+def holds(data_dir):
+    """The regime (see regime()) of the data in data_dir, or None where it holds none of the task's
+    files; a DataError where they are unfinished or damaged."""
+    data_dir = Path(data_dir)
+    if not (data_dir.is_dir() and any(FILES.fullmatch(p.name) for p in data_dir.iterdir())):
+        return None
+    return regime(load(data_dir)[3])
+
+
+def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
+    """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished. The
+    same data there already is kept as it is; other data (or an unfinished folder) is replaced only
+    with `overwrite`, a UsageError otherwise."""
+    data_dir, want = Path(data_dir), {**dataclasses.asdict(task), "seed": seed, "train_size": train_size,
+                                      "test_size": test_size}
+    if not overwrite:
+        try:
+            have = holds(data_dir)
+        except DataError as e:  # damaged or unfinished
+            raise UsageError(f"{data_dir} holds arithmetic data that cannot be read ({e}): give another "
+                             "--data-dir, or --overwrite to replace it") from None
+        if have == want:
+            print(f"{data_dir} holds this data already: {describe(have)}")
+            return
+        if have:
+            raise UsageError(f"{data_dir} already holds {describe(have)}: give another --data-dir, or --overwrite "
+                             "to replace it")
+    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)] if data_dir.is_dir() else []
     data = generate(task, seed, train_size, test_size)
+    for stale in there:  # what the new data does not replace itself: the folder holds the new data alone
+        if stale.stem not in data:
+            stale.unlink()
     for name, lines in data.items():
-        path = Path(data_dir) / f"{name}.txt"
+        path = data_dir / f"{name}.txt"
         atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
-    meta = dict(vocab=task.vocab(), seed=seed, train_size=train_size, test_size=test_size, **dataclasses.asdict(task))
-    atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
-    print(f"{Path(data_dir) / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
+    meta = dict(vocab=task.vocab(), **{k: want[k] for k in SIZES}, **dataclasses.asdict(task))
+    atomic_write(data_dir / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+    print(f"{data_dir / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
 
 
 class Vocab:
@@ -277,6 +336,8 @@ class Vocab:
     def __init__(self, tokens):
         self.itos = list(tokens)
         self.stoi = {t: i for i, t in enumerate(self.itos)}
+        if not all(isinstance(t, str) for t in self.itos) or "<eos>" not in self.stoi or "=" not in self.stoi:
+            raise DataError("its vocabulary is not the task's")
         self.eos = self.stoi["<eos>"]
 
     def encode(self, text):
@@ -291,20 +352,41 @@ class Vocab:
 
 
 def load(data_dir, trained_on=None):
-    """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task). A folder written
-    before the validation split existed has none. trained_on: the task a run's config names (its
-    fields as a dict); a folder that holds another one is a DataError, not a score on the wrong task."""
+    """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task, meta). A folder written
+    before the validation split existed has none. trained_on: the regime a run's config names (a dict);
+    a folder that holds another is a DataError, not a score on the wrong task. So is a folder that is
+    unfinished or damaged: meta.json missing or unreadable, a split missing or empty."""
     data_dir = Path(data_dir)
+    rebuild = f"rebuild it with `{command(trained_on, data_dir)} --overwrite`" if trained_on else \
+        f"rebuild it with `python prepare_data.py arithmetic --data-dir {data_dir} --overwrite` and its flags"
     if not (data_dir / "meta.json").exists():
-        where = "" if data_dir == Path("data/arithmetic") else f" --data-dir {data_dir}"
+        if trained_on:
+            raise DataError(f"no arithmetic data in {data_dir}: give --data-dir the folder this run was trained "
+                            f"on, or {rebuild.removesuffix(' --overwrite`')}`")
+        where = "" if data_dir.resolve() == Path("data/arithmetic").resolve() else f" --data-dir {data_dir}"
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
-    meta = json.loads((data_dir / "meta.json").read_text())
-    task = Task.from_meta(meta)
-    if trained_on and Task.from_meta(trained_on) != task:
-        raise DataError(f"{data_dir} holds the task {task.label}, but the run was trained on "
-                        f"{Task.from_meta(trained_on).label}: give --data-dir the run's data")
-    splits = {p.stem: p.read_text().splitlines() for p in sorted(data_dir.glob("*.txt"))}
-    return Vocab(meta["vocab"]), splits, task
+    meta = read_json(data_dir / "meta.json", keys=("vocab",))
+    try:
+        task = Task.from_meta(meta)
+        vocab = Vocab(meta["vocab"])
+    except (DataError, KeyError, TypeError) as e:
+        raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
+    if trained_on:
+        have, want = regime(meta), {k: v for k, v in regime(trained_on).items()}
+        differ = [k for k in want if k in have and have[k] != want[k]]
+        if differ:
+            raise DataError(f"{data_dir} holds {describe(have)}, but the run was trained on {describe(want)}: give "
+                            f"--data-dir the run's data, or {rebuild}")
+    names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]
+    if not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
+        names = names[:1 + len(task.tiers)]  # made before the validation split existed
+    splits = {}
+    for name in names:
+        path = data_dir / f"{name}.txt"
+        if not path.exists() or not path.stat().st_size:
+            raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
+        splits[name] = path.read_text().splitlines()
+    return vocab, splits, task, meta
 
 
 def split_sample(line):
@@ -327,18 +409,17 @@ class Data(TaskRows):
     (the test rows, for such an old folder)."""
 
     def __init__(self, cfg, with_train=True):
-        # only training generates the task: evaluating or analysing a run reads it, like any other data
-        if with_train and not (Path(cfg.data_dir) / "meta.json").exists() and cfg.preset in ("tiny", "arith"):
-            print(f"preparing the arithmetic task in {cfg.data_dir} (once, offline)")
-            prepare(cfg.data_dir, QUICK_START if cfg.preset == "tiny" else Task(**DEFAULTS))
-        self.vocab, splits, self.task = load(cfg.data_dir, cfg.task)
+        self.vocab, splits, self.task, meta = load(cfg.data_dir, cfg.task)
         self.T, n = cfg.block_size, cfg.eval_samples
-        self.train = [self.encode_row(line) for line in splits["train"]] if with_train else []
+        # every line is checked where it is read: a damaged file is one line naming it, not a traceback
+        rows = {name: self.encode_rows(Path(cfg.data_dir) / f"{name}.txt", lines[:None if name == "train" else n])
+                for name, lines in splits.items() if with_train or name != "train"}
+        self.train = rows.get("train", [])
         self.tests = {k: splits[f"test_{k}"][:n] for k in self.task.tiers}
         self.vals = {k: splits[f"val_{k}"][:n] for k in self.task.tiers if f"val_{k}" in splits}
-        self.val = [self.encode_row(line) for lines in (self.vals or self.tests).values() for line in lines]
+        self.val = [row for k in self.task.tiers for row in rows[f"val_{k}" if self.vals else f"test_{k}"]]
         self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
-        self.train_size, self.label, self.regime = len(self.train), self.task.label, dataclasses.asdict(self.task)
+        self.train_size, self.label, self.regime = len(self.train), self.task.label, regime(meta)
         self.longest = max(len(ids) for ids, _ in self.train + self.val)
         # a solution ends with the end token; an answer is one token, all that is generated
         self.max_new_tokens = cfg.block_size if self.task.target == "steps" else 1
@@ -348,6 +429,16 @@ class Data(TaskRows):
         learned so that generation stops; an answer has none, so the loss covers the answer alone."""
         end = [self.vocab.eos] if self.task.target == "steps" else []
         return self.vocab.encode(line) + end, line.split().index("=") + 1
+
+    def encode_rows(self, path, lines):
+        rows = []
+        for i, line in enumerate(lines):
+            try:
+                split_sample(line)  # a number at the end
+                rows.append(self.encode_row(line))
+            except (DataError, ValueError) as e:
+                raise DataError(f"{path}, line {i + 1}: not a sample of the task ({e})") from None
+        return rows
 
     def metrics(self, model, device, rank=0, world=1, final=True):
         """Accuracy per tier: val_acc_4, ... on the validation split at every evaluation, and acc_4, ...

@@ -21,6 +21,10 @@ state too. On a CPU, where nothing is compiled, the modes share one process and 
 allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, peak_flops, pick_device,
+                 synchronize)
+
 import argparse
 import json
 import statistics
@@ -34,7 +38,6 @@ import torch
 
 import baselines  # noqa: F401 (its methods join lime.ROUTERS: they are benchmarked too)
 import kernels
-from cli import Parser, UsageError, atomic_write, autocast_for, fail, peak_flops, pick_device, synchronize
 from lime import GPT, ROUTERS, GPTConfig
 
 SHAPES = {
@@ -275,8 +278,12 @@ def parse_args(argv):
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json={args.json}: no directory {Path(args.json).resolve().parent}")
+    if args.json:  # checked before the benchmark runs, not after
+        folder = Path(args.json).resolve().parent
+        problem = f"no directory {folder}" if not folder.exists() else folder_problem(folder) or \
+            (Path(args.json).is_dir() and f"{args.json} is a folder")
+        if problem:
+            raise UsageError(f"--json={args.json}: {problem}")
     return args, shape
 
 

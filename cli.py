@@ -1,13 +1,19 @@
 """
 What every command here shares: bad input as one line with its exit code, config fields that
-are command-line flags, writes that never leave a half-written file, and the device.
+are command-line flags, files read and written whole or not at all, and the device.
 
-Exit codes, the same in every script: 2 for bad usage (argparse's convention), 1 for a failure
-at run time (missing data, a failed download, a NaN loss), 128 + the signal number after an
-interruption (130 for Ctrl-C, 143 for SIGTERM).
+Exit codes, the same in every script:
+  2  the command line is wrong: an unknown flag or a bad value, flags that clash, or an output
+     that would replace something (a run, a data folder) without --overwrite;
+  1  something the command reads is missing or broken: a file that is absent, empty, cut short,
+     corrupt, or of another run or regime (data, a checkpoint, a log, a summary); a download that
+     failed; a loss that is not finite;
+  128 + the signal number after an interruption: 130 for Ctrl-C, 143 for SIGTERM.
+Each ends with one line on stderr, and what was there before stays as it was.
 """
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -16,15 +22,29 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import field, fields
 from pathlib import Path
 
-import torch
+MAIN = Path(getattr(sys.modules["__main__"], "__file__", None) or "").resolve()
+SCRIPT = MAIN.name  # "train.py" when that one runs
+
+
+def interrupted_while_starting(signum, frame):
+    print(f"{SCRIPT}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+    os._exit(128 + signum)
+
+
+# NOTE a script imports this module before torch, which takes seconds to load: a Ctrl-C meanwhile is one
+# line too, not a traceback. one_line_errors puts Python's own handler back once the script runs
+if MAIN.parent == Path(__file__).resolve().parent and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, interrupted_while_starting)
+
+import torch  # noqa: E402
 
 
 class UsageError(ValueError):
-    """Bad input: printed as one line, exit code 2, nothing written."""
+    """The command line is wrong: one line, exit code 2, nothing written."""
 
 
 class DataError(Exception):
-    """Data that is missing or broken, a problem the user can fix: one line, exit code 1."""
+    """Something the command reads is missing or broken, a problem the user can fix: one line, exit code 1."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -43,6 +63,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     """Bad usage, a data problem or an interruption inside ends the script with one line and its
     exit code. data_hint(e): what to add to a DataError's message; `interrupted`: what to say after
     Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises)."""
+    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
     try:
         yield
     except UsageError as e:
@@ -52,6 +74,17 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
+
+
+def show_value(key, value):
+    """An accuracy in percent ('31.0%'), as the README shows them, anything else to 4 decimals ('0.2653').
+    summary.json and log.jsonl keep accuracies as fractions."""
+    return f"{100 * value:.1f}%" if re.fullmatch(r"(val_)?acc(_\d+)?", key) else f"{value:.4f}"
+
+
+def show_metrics(metrics):
+    """'val_loss 0.2653, val_ppl 1.3038, acc_4 31.0%'."""
+    return ", ".join(f"{k} {show_value(k, v)}" for k, v in metrics.items())
 
 
 # -----------------------------------------------------------------------------
@@ -91,6 +124,23 @@ def folder_problem(path):
                 return f"{p} is a file, not a folder"
             return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
     return None
+
+
+def read_json(path, keys=()):
+    """The JSON object in `path`, with `keys` among its keys; a DataError naming the file otherwise
+    (missing, empty, cut short, not JSON, or not what this repo writes)."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise DataError(f"no {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
+        raise DataError(f"{path} is " + ("empty" if path.exists() and not path.stat().st_size else
+                                         f"not valid JSON ({str(e).splitlines()[0]})")) from None
+    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
+    if missing:
+        raise DataError(f"{path} is not what this repo writes: it has no {missing[0]!r}")
+    return value
 
 
 def atomic_write(path, write):

@@ -11,12 +11,15 @@ there. Finally it prints accuracy per tier, mean ± sd over seeds, on the valida
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
 interrupted one resumes from its checkpoint. A finished run is kept whatever the new flags say, so give
-another --out-dir for another budget.
+another --out-dir for another budget. Everything is checked before anything is written: its flags, the
+routers, the flags after '--' (by train.py --dry-run), and what the folders hold already.
 """
+
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import DataError, Parser, UsageError, folder_problem, one_line_errors
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import subprocess
@@ -25,8 +28,8 @@ import time
 from pathlib import Path
 
 import arithmetic
-from cli import DataError, Parser, UsageError, one_line_errors
-from runs import results_table, run_files
+from lime import parse_router
+from runs import read_summary, results_table, run_files
 
 
 def regimes(args):
@@ -40,24 +43,23 @@ def regimes(args):
     return out
 
 
-def prepare(data_dir, task, args):
-    """Generate the regime's data once; reuse a folder that holds exactly this regime, refuse any other."""
-    want = dict(seed=0, train_size=args.train_size, test_size=args.test_size, **dataclasses.asdict(task))
-    meta_path = data_dir / "meta.json"
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        have = {k: tuple(v) if isinstance(v, list) else v for k, v in meta.items() if k in want}
-        if have != want:
-            raise UsageError(f"{data_dir} holds other arithmetic data ({have}); give another --data-root")
-        return
-    print(f"grid: generating {data_dir}")
-    arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)
+def prepare(data_dir, task, args, generate=True):
+    """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
+    `generate`, one that holds nothing yet is generated."""
+    want = dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
+    have = arithmetic.holds(data_dir)
+    if have is not None and have != want:
+        raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "
+                         f"{arithmetic.describe(want)}: give another --data-root")
+    if have is None and generate:
+        print(f"grid: generating {data_dir}")
+        arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)
 
 
 def model_fit(data_dir):
     """(block size, vocabulary size): the smallest multiples of 8 that hold the longest sample and the
     regime's vocabulary. Padding costs as much as tokens, and an output row per unused token too."""
-    vocab, splits, _ = arithmetic.load(data_dir)
+    vocab, splits, _, _ = arithmetic.load(data_dir)
     longest = max(len(line.split()) + 1 for lines in splits.values() for line in lines)
     return -(-longest // 8) * 8, -(-len(vocab.itos) // 8) * 8
 
@@ -82,6 +84,8 @@ def main(argv=None):
     p.add_argument("--out-dir", default="out/grid", help="where the runs go")
     p.add_argument("--data-root", default="data/grid", help="where each regime's data folder goes")
     with one_line_errors("grid.py"):
+        # everything is checked before anything is written: the flags, the routers, the flags for train.py,
+        # the folders, and what the folders hold already
         args = p.parse_args(argv)
         if args.jobs < 1 or args.epochs <= 0 or args.train_size < 1 or args.test_size < 1:
             raise UsageError("--jobs, --epochs, --train-size and --test-size must be positive")
@@ -92,14 +96,51 @@ def main(argv=None):
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
         except DataError as e:
             raise UsageError(str(e)) from None
+        if min(seeds) < 0:
+            raise UsageError(f"--seeds must be >= 0, got {min(seeds)}")
         routers = list(dict.fromkeys(args.routers.split(",")))
-        runs = []
+        for router in routers:
+            try:
+                parse_router(router)
+            except ValueError as e:
+                raise UsageError(f"--routers: {e}") from None
+        for flag in ("out_dir", "data_root"):
+            problem = folder_problem(getattr(args, flag))
+            if problem:
+                raise UsageError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: {problem}")
         for name, task in grid:
-            data_dir = Path(args.data_root) / name
-            prepare(data_dir, task, args)
-            fit = model_fit(data_dir)  # reads the whole folder: once per regime
-            runs += [(name, router, seed, data_dir, *fit) for router in routers for seed in seeds]
-        return run_grid(runs, args, extra)
+            prepare(Path(args.data_root) / name, task, args, generate=False)
+        runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
+                for seed in seeds]
+        for name, router, seed, _ in runs:
+            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+            if (out / "summary.json").exists():
+                read_summary(out)  # a finished run is kept: it has to be readable
+        name, router, seed, data_dir = runs[0]  # the flags every run gets, last: a process of its own, seconds
+        check_flags(train_command(router, seed, data_dir, Path(args.out_dir) / name / f"{router}-seed{seed}", args,
+                                  extra))
+        fits = {}
+        for name, task in grid:
+            prepare(Path(args.data_root) / name, task, args)
+            fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
+        return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
+
+
+def train_command(router, seed, data_dir, out, args, extra, fit=()):
+    """The command line of one run: train.py's arith preset, this regime's data and size, the flags after --."""
+    block_vocab = [f"--block-size={fit[0]}", f"--vocab-size={fit[1]}"] if fit else []
+    return [sys.executable, str(Path(__file__).with_name("train.py")), "--preset=arith", f"--router={router}",
+            f"--seed={seed}", f"--data-dir={data_dir}", f"--out-dir={out}", f"--epochs={args.epochs}", *block_vocab,
+            f"--eval-samples={args.test_size}", *extra]
+
+
+def check_flags(cmd):
+    """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything.
+    Its one line, if any, becomes grid.py's, with its exit code."""
+    done = subprocess.run([*cmd, "--overwrite", "--dry-run"], capture_output=True, text=True)
+    if done.returncode:
+        line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
+        raise (DataError if done.returncode == 1 else UsageError)(f"the flags for train.py: {line}")
 
 
 def run_grid(runs, args, extra):
@@ -112,9 +153,7 @@ def run_grid(runs, args, extra):
         dirs.append(out)
         if (out / "summary.json").exists():
             continue  # finished: kept, never redone
-        cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--preset=arith", f"--router={router}",
-               f"--seed={seed}", f"--data-dir={data_dir}", f"--out-dir={out}", f"--epochs={args.epochs}",
-               f"--block-size={block}", f"--vocab-size={vocab}", f"--eval-samples={args.test_size}", *extra]
+        cmd = train_command(router, seed, data_dir, out, args, extra, (block, vocab))
         if (out / "ckpt.pt").exists():
             cmd.append("--resume")
         elif run_files(out):
@@ -137,7 +176,7 @@ def run_grid(runs, args, extra):
                 log.close()
                 done += 1
                 if proc.returncode == 0 and (out / "summary.json").exists():
-                    s = json.loads((out / "summary.json").read_text())
+                    s = read_summary(out)
                     accs = ", ".join(f"{split} " + " / ".join(f"{100 * v:.1f}" for k, v in s.items()
                                                                 if re.fullmatch(prefix + r"acc_\d+", k)) + "%"
                                      for split, prefix in (("test", ""), ("val", "val_")))
@@ -153,7 +192,7 @@ def run_grid(runs, args, extra):
             proc.wait()
         print("grid.py: interrupted; run the same command again to go on", file=sys.stderr)
         raise SystemExit(130)
-    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs if (d / "summary.json").exists()]
+    summaries = [read_summary(d) for d in dirs if (d / "summary.json").exists()]
     print(f"grid: {len(summaries)} of {len(runs)} runs finished in {(time.time() - started) / 60:.1f} min")
     tables = {}
     if summaries:

@@ -66,9 +66,10 @@ class GPTConfig:
 
     @classmethod
     def of(cls, config):
-        """The model's part of a larger config: train.py's, or one saved with a checkpoint (a dict)."""
-        get = config.__getitem__ if isinstance(config, dict) else lambda name: getattr(config, name)
-        return cls(**{f.name: get(f.name) for f in fields(cls)})
+        """The model's part of a larger config: train.py's, or one saved with a checkpoint (a dict, which
+        lacks the fields added since it was saved: they have their defaults)."""
+        values = config if isinstance(config, dict) else vars(config)
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
 
 # -----------------------------------------------------------------------------

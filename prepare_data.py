@@ -9,8 +9,12 @@ Downloads, tokenises and generates the data of the LIMe experiments.
 What each becomes is in data.py (token shards), arithmetic.py and prosqa.py, which training
 reads. Nothing half-written ever takes a final name: downloads stream to `<file>.part`
 (resumed with HTTP Range) and every write goes to a temporary file that is renamed only
-when whole and verified.
+when whole and verified. What is there already is kept: a file downloaded or made before,
+the same arithmetic data; other arithmetic data is refused. --overwrite replaces them.
 """
+
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors
 
 import argparse
 import os
@@ -23,7 +27,6 @@ import requests
 
 import arithmetic
 import prosqa
-from cli import DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors
 from data import check_shard, gpt2_encoding, write_shard
 
 FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
@@ -36,14 +39,17 @@ CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
 # Downloads
 
 
-def download(url, dest, verify=None, retries=5, timeout=30):
+def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
     """Stream url to dest via dest.part: resumes with HTTP Range, retries transient errors,
-    runs verify(part) before the final rename. Returns False if dest was already there."""
+    runs verify(part) before the final rename. Returns False if dest was already there (with
+    `overwrite`, fetches it again, and the old file stays until the new one is whole)."""
     dest = Path(dest)
-    if dest.exists():
-        return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    if dest.exists() and not overwrite:
+        return False
+    if dest.exists():
+        part.unlink(missing_ok=True)  # a partial download may be of the old file
+    dest.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
         try:
@@ -112,38 +118,45 @@ class Progress:
 # The data sets
 
 
-def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL):
+def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL, overwrite=False):
     names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in range(1, shards + 1)]
     for name in names:
         dest = Path(data_dir) / name
-        fetched = download(f"{base_url.rstrip('/')}/{name}", dest, verify=check_shard)
+        fetched = download(f"{base_url.rstrip('/')}/{name}", dest, verify=check_shard, overwrite=overwrite)
         print(f"{dest}: {check_shard(dest):,} tokens{'' if fetched else ' (already there)'}")
 
 
-def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1):
+def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1, overwrite=False):
     """Tiny Shakespeare as GPT-2 tokens: the first 90% of the text is train, the rest val."""
     text_path = Path(data_dir) / "input.txt"
-    download(url, text_path)
+    shards = {split: Path(data_dir) / f"shakespeare_{split}_000000.bin" for split in ("train", "val")}
+    if all(p.exists() for p in shards.values()) and not overwrite:
+        for path in shards.values():
+            print(f"{path}: {check_shard(path):,} tokens (already there)")
+        return
+    download(url, text_path, overwrite=overwrite)
     enc = enc or gpt2_encoding()
     text = text_path.read_text(encoding="utf-8")
     cut = int(len(text) * (1 - val_fraction))
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
         tokens = [enc.eot_token] + enc.encode_ordinary(part)  # documents start with end-of-text
-        path = Path(data_dir) / f"shakespeare_{split}_000000.bin"
-        write_shard(path, tokens)
-        print(f"{path}: {len(tokens):,} tokens")
+        write_shard(shards[split], tokens)
+        print(f"{shards[split]}: {len(tokens):,} tokens")
 
 
-def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None):
+def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):
     """Download the three splits (resumable, each checked before it takes its name), then tokenise
     each into prosqa_<split>.npz."""
     enc = enc or gpt2_encoding()  # first: without the vocabulary there is no point in downloading
     for split in prosqa.SPLITS:
         dest = Path(data_dir) / f"prosqa_{split}.json"
-        fetched = download(f"{base_url.rstrip('/')}/{dest.name}", dest, verify=prosqa.check)
+        fetched = download(f"{base_url.rstrip('/')}/{dest.name}", dest, verify=prosqa.check, overwrite=overwrite)
         records = prosqa.check(dest)
-        tokens, offsets, prompt_lens = prosqa.tokenize(records, enc)
         path = dest.with_suffix(".npz")
+        if path.exists() and not fetched and not overwrite:
+            print(f"{dest}: {len(records):,} records; {path.name} (already there)")
+            continue
+        tokens, offsets, prompt_lens = prosqa.tokenize(records, enc)
         atomic_write(path, lambda f: np.savez(f, tokens=tokens, offsets=offsets, prompt_lens=prompt_lens,
                                               eot=np.array(enc.eot_token)))
         print(f"{dest}: {len(records):,} records{'' if fetched else ' (already there)'}; {path.name}: "
@@ -178,6 +191,8 @@ def main(argv=None):
     p.add_argument("--test-size", type=int, default=1000,
                    help="arithmetic: samples per tier in the test split, and again in the validation split")
     p.add_argument("--show", type=int, default=0, metavar="K", help="arithmetic: print K training samples")
+    p.add_argument("--overwrite", action="store_true", help="replace what --data-dir holds: data of another regime "
+                                                            "(arithmetic); files downloaded or made before (the rest)")
     resumes = ": a partial download stays as .part and resumes on the next run"
     with one_line_errors("prepare_data.py", interrupted=resumes):
         args = p.parse_args(argv)
@@ -200,13 +215,13 @@ def main(argv=None):
             except DataError as e:
                 raise UsageError(str(e)) from None
         if args.name == "fineweb-edu":
-            prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL)
+            prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL, overwrite=args.overwrite)
         elif args.name == "prosqa":
-            prepare_prosqa(data_dir, args.base_url or prosqa.URL)
+            prepare_prosqa(data_dir, args.base_url or prosqa.URL, overwrite=args.overwrite)
         elif args.name == "shakespeare":
-            prepare_shakespeare(data_dir, args.url)
+            prepare_shakespeare(data_dir, args.url, overwrite=args.overwrite)
         else:
-            arithmetic.prepare(data_dir, task, args.seed, args.train_size, args.test_size)
+            arithmetic.prepare(data_dir, task, args.seed, args.train_size, args.test_size, args.overwrite)
             train = arithmetic.load(data_dir)[1]["train"]
             for line in train[:: max(1, len(train) // args.show)][: args.show] if args.show > 0 else []:
                 print(line)  # spread over the file, so every tier shows

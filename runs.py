@@ -25,7 +25,8 @@ import torch
 import arithmetic
 import baselines  # noqa: F401 (its methods join lime.ROUTERS: a run may name them)
 import prosqa
-from cli import Parser, UsageError, atomic_write, folder_problem, one_line_errors, pick_device
+from cli import (DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors, pick_device,
+                 read_json, show_value)
 from data import TokenData
 from lime import GPT, GPTConfig
 
@@ -38,17 +39,25 @@ def main(script, argv, cls, presets, train, description=None):
     signals installed; bad input, missing data and interruptions end it with one line."""
     cfg = None
 
-    def data_hint(e):
+    def data_hint(e):  # for the data a run reads, how to make it, unless the message says so already
+        if cfg is None or cfg.data_dir not in str(e):
+            return ""
         how = ""
-        if cfg is not None and "prepare_data.py" not in str(e):  # unless the message says how already
-            where = f" --data-dir {cfg.data_dir}" if cfg.data_dir != f"data/{cfg.data}" else ""
+        if "prepare_data.py" not in str(e):
+            where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else f" --data-dir {cfg.data_dir}"
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
         return f"{how} (the offline --preset=tiny needs no download)"
 
     with one_line_errors(script, data_hint):
-        cfg, resume, init = resolve(argv, cls, presets, description)
+        cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
+        run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
+        if dry_run:
+            print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and files check out; "
+                  "nothing was written)")
+            return None
         with Signals() as signals:
-            return train(cfg, Run(cfg, resume, init, signals))
+            run.signals = signals
+            return train(cfg, run)
 
 
 # -----------------------------------------------------------------------------
@@ -88,13 +97,16 @@ def build_parser(cls, defaults, description=None):
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
+    p.add_argument("--dry-run", action="store_true", help="check the flags and the files they name, print the "
+                                                          "config, and stop: nothing is written")
     return p
 
 
 def resolve(argv, cls, presets, description=None):
     """The config of a run, a `cls`: flags > the model shape of --init-from's run > preset > defaults;
     with --resume, flags > the config saved in the checkpoint. Returns (config, the checkpoint to resume,
-    the checkpoint of --init-from). Anything that does not fit is a UsageError, before anything is written."""
+    the checkpoint of --init-from, and whether --dry-run was given). Anything that does not fit is a UsageError
+    (or a DataError, for a checkpoint that cannot be read) before anything is written."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=cls.preset)
     preset = pre.parse_known_args(argv)[0].preset  # first, so that --help shows the preset's defaults
@@ -102,7 +114,9 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError(f"unknown preset {preset!r}: choose from {', '.join(presets)}")
     defaults = {**dataclasses.asdict(cls()), **presets[preset], "preset": preset}
     given = {k: v for k, v in vars(build_parser(cls, defaults, description).parse_args(argv)).items() if v is not None}
-    resume, overwrite = given.pop("resume"), given.pop("overwrite")
+    resume, overwrite, dry_run = given.pop("resume"), given.pop("overwrite"), given.pop("dry_run")
+    if "data_dir" in given:  # a run records where its data is, from any working directory
+        given["data_dir"] = str(Path(given["data_dir"]).resolve())
     if resume and overwrite:
         raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
     cfg = {**defaults, **given}
@@ -123,7 +137,9 @@ def resolve(argv, cls, presets, description=None):
     ckpt = None
     if resume:
         ckpt, cfg = resume_checkpoint(cls, cfg, given)
-    cfg["data_dir"] = cfg["data_dir"] or f"data/{cfg['data']}"
+    if "data_dir" not in given and cfg["data"] != presets[preset].get("data", cls.data):
+        cfg["data_dir"] = ""  # the preset's folder holds the preset's data, not the data asked for instead
+    cfg["data_dir"] = str(Path(cfg["data_dir"] or f"data/{cfg['data']}").resolve())
     if "prune_at" in given and not cfg["router_top_p"] > 0:
         raise UsageError("--prune-at says when to prune: give --router-top-p too")
     try:
@@ -135,7 +151,7 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="
                          f"{config.micro_batch_size} x {world} processes")
     pick_device(config.device)
-    return config, ckpt, init
+    return config, ckpt, init, dry_run
 
 
 def resume_checkpoint(cls, cfg, given):
@@ -144,11 +160,12 @@ def resume_checkpoint(cls, cfg, given):
     path = Path(cfg["out_dir"]) / "ckpt.pt"
     try:
         ckpt = read_checkpoint(cfg["out_dir"])
-    except UsageError as e:
-        raise UsageError(f"--resume: {e}") from None
+    except DataError as e:
+        raise DataError(f"--resume: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     free = [k for k, f in fields.items() if f.metadata.get("resume") == "may change"]
     saved = {**dataclasses.asdict(cls()), **{k: v for k, v in ckpt["config"].items() if k in fields}}  # older runs
+    saved["data_dir"] = str(Path(saved["data_dir"] or f"data/{saved['data']}").resolve())  # (older runs: relative)
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
@@ -168,8 +185,8 @@ def init_checkpoint(cfg, given):
     shape is an error, not a silent change."""
     try:
         init = read_checkpoint(cfg["init_from"])
-    except UsageError as e:
-        raise UsageError(f"--init-from: {e}") from None
+    except DataError as e:
+        raise DataError(f"--init-from: {e}") from None
     source = init["config"]
     shape = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "block_size"]
     clash = [f"{k}={source[k]!r} (not {given[k]!r})" for k in shape if k in given and given[k] != source[k]]
@@ -228,18 +245,23 @@ class Signals:
             self.stop(self.pending)
 
 
-class Log:
-    """<out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
-
-    def __init__(self, out_dir, resume_step=None):
-        self.path = Path(out_dir) / "log.jsonl"
-        if resume_step is not None and self.path.exists():  # forget what came after the checkpoint
-            keep = [l for l in self.path.read_text().splitlines() if json.loads(l)["step"] <= resume_step]
-            atomic_write(self.path, lambda f: f.write("".join(l + "\n" for l in keep).encode()))
-
-    def write(self, **record):
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+def read_log(path):
+    """The rows of a log.jsonl, and a notice if its last line was cut short (what a power cut leaves),
+    which is dropped; a line in the middle that is not a row is a DataError."""
+    lines, rows, notice = Path(path).read_text().splitlines(), [], None
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("no step")
+        except ValueError:
+            if i < len(lines) - 1:
+                raise DataError(f"{path}, line {i + 1}: not a row of the log ({line[:40]!r}); move the log away to "
+                                "resume without it") from None
+            notice = f"{path}: its last line was cut short, so it is dropped: {line[:40]!r}"
+            continue
+        rows.append(row)
+    return rows, notice
 
 
 class Run:
@@ -254,6 +276,10 @@ class Run:
         self.master = int(os.environ.get("RANK", 0)) == 0
         self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
+        self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
+        if resume is not None and (self.out_dir / "log.jsonl").exists():
+            rows, self.notice = read_log(self.out_dir / "log.jsonl")
+            self.rows = [row for row in rows if row["step"] <= self.saved_step]
 
     def say(self, *args, **kwargs):
         if self.master:
@@ -280,18 +306,28 @@ class Run:
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an
-        --overwrite leaves, a resumed one forgets the log after its checkpoint."""
+        --overwrite leaves, a resumed one keeps the log up to its checkpoint."""
         if self.master:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.resume is None:
                 clear_run(self.out_dir)
             config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
             atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
-            self.log_file = Log(self.out_dir, self.saved_step)
+            atomic_write(self.out_dir / "log.jsonl", lambda f: f.write("".join(json.dumps(r) + "\n" for r in
+                                                                                  self.rows).encode()))
+            if self.notice:
+                print(self.notice)
 
     def log(self, **record):
+        """A row of <out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
         if self.master:
-            self.log_file.write(**record)
+            with open(self.out_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def logged_evaluation(self, step):
+        """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None."""
+        row = next((r for r in self.rows if r["step"] == step and "val_loss" in r), None)
+        return row and {k: v for k, v in row.items() if k != "step"}
 
     def save(self, step):
         """A checkpoint of `step` (not again if the one on disk is of that step)."""
@@ -350,14 +386,22 @@ def clear_run(out_dir):
 
 
 def read_checkpoint(out_dir):
-    """<out-dir>/ckpt.pt as a dict; a UsageError if it is missing or unreadable."""
+    """<out-dir>/ckpt.pt as a dict with what train.py saves in it; a DataError if it is missing, empty,
+    unreadable or not train.py's."""
     path = Path(out_dir) / "ckpt.pt"
     if not path.exists():
-        raise UsageError(f"no checkpoint at {path}")
+        raise DataError(f"no checkpoint at {path}")
+    if not path.stat().st_size:
+        raise DataError(f"{path} is empty (cut short while it was written?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise UsageError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None
+    kinds = dict(model=dict, optimizer=dict, step=int, config=dict)
+    wrong = [k for k, kind in kinds.items() if not isinstance(ckpt, dict) or not isinstance(ckpt.get(k), kind)]
+    if wrong:
+        raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
+    return ckpt
 
 
 def model_from(ckpt, out_dir):
@@ -366,7 +410,8 @@ def model_from(ckpt, out_dir):
         model = GPT(GPTConfig.of(ckpt["config"]))
         model.load_state_dict(ckpt["model"])
     except Exception as e:  # a file of the right format with the wrong contents
-        raise UsageError(f"cannot read {Path(out_dir) / 'ckpt.pt'}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} holds a model its config does not describe "
+                        f"({str(e).splitlines()[0][:100]})") from None
     return model
 
 
@@ -376,6 +421,14 @@ def saved_config(ckpt, data_dir=None):
     cfg = SimpleNamespace(**{"task": None, **ckpt["config"]})  # (runs from before the arithmetic regimes: no task)
     cfg.data_dir = data_dir or cfg.data_dir
     return cfg
+
+
+def read_summary(run_dir):
+    """A finished run's summary.json; a DataError if it is missing or damaged."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        raise DataError(f"no {path} (is the run finished?)")
+    return read_json(path, keys=("router",))
 
 
 def load_checkpoint(out_dir, device, data_dir=None):
@@ -408,6 +461,8 @@ def results_table(summaries, split="test"):
     tiers = set.intersection(*({int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries))
     metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
         (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
+    if not all(m in s for s in summaries for m in metrics):
+        raise DataError("these runs' summaries have no metric in common (accuracy per tier, acc or val_ppl)")
     if split == "val" and not metrics[0].startswith("val_acc"):
         raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
                          "the validation split existed, or not arithmetic)")
@@ -446,7 +501,7 @@ def single_run_table(summaries, metrics):
         head += [f"change to lime ({m})" for m in metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        cells = [s["router"], *(f"{s[m]:.4f}" for m in metrics)]
+        cells = [s["router"], *(show_value(m, s[m]) for m in metrics)]
         if base:
             cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")

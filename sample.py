@@ -14,6 +14,9 @@ Language and ProsQA checkpoints decode with the GPT-2 tokenizer, arithmetic ones
 task vocabulary. Generation uses the KV cache.
 """
 
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, show_metrics, synchronize
+
 import argparse
 import random
 import time
@@ -24,7 +27,6 @@ import torch
 import arithmetic
 import prosqa
 import runs
-from cli import DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, synchronize
 from data import decode_tokens, evaluate, gpt2_encoding
 
 
@@ -35,7 +37,7 @@ class Codec:
     def __init__(self, cfg):
         self.arithmetic, self.prosqa = cfg.data == "arithmetic", cfg.data == "prosqa"
         if self.arithmetic:
-            self.vocab, self.splits, self.task = arithmetic.load(cfg.data_dir, cfg.task)
+            self.vocab, self.splits, self.task, _ = arithmetic.load(cfg.data_dir, cfg.task)
             self.stop = self.vocab.eos
         else:
             self.enc = gpt2_encoding()
@@ -147,7 +149,7 @@ def main(argv=None):
         if args.eval:  # exactly train.py's evaluation, on the same fixed validation set
             data = runs.load_data(cfg, with_train=False)
             metrics = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
-            print(", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            print(show_metrics(metrics))
             return metrics
         codec = Codec(cfg)
         if args.temperature is None:

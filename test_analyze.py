@@ -92,7 +92,8 @@ def test_ablation_table(tmp_path, capsys):
     table = analyze.main(["table", *dirs])
     assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
     assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
-    assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys))
+    assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys,
+                                                                      code=1))
 
 
 def test_table_averages_over_seeds(tmp_path):
@@ -132,7 +133,7 @@ def test_ablation_table_with_a_zero_reference(tmp_path):
         dirs[-1].mkdir()
         (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
     table = analyze.main(["table", *map(str, dirs)])
-    assert "| none | 0.5000 | 0.5000 | 0.2500 | +0.00% | +0.00% | n/a |" in table
+    assert "| none | 50.0% | 50.0% | 25.0% | +0.00% | +0.00% | n/a |" in table
 
 
 def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):

@@ -96,7 +96,7 @@ def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
     names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt", "val_4.txt", "val_6.txt"]
     assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
     shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
-    vocab, splits, task = arithmetic.load(tmp_path / "a")
+    vocab, splits, task, _ = arithmetic.load(tmp_path / "a")
     assert task == arithmetic.Task(**arithmetic.DEFAULTS)
     modulus = task.modulus if task.field == "mod" else None
     assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
@@ -176,3 +176,25 @@ def test_final_answer_parsing():
     assert arithmetic.final_answer("12 / 4 = 3") == 3
     assert arithmetic.final_answer("12 / 4 = 3 + 1") is None
     assert arithmetic.final_answer("12 / 4") is None and arithmetic.final_answer("") is None
+
+
+def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
+    """The same data again: nothing to do. Other data: refused (test_cli), or replaced with --overwrite, and
+    then the folder holds the new data alone."""
+    folder = tmp_path / "data"
+    args = ["arithmetic", "--data-dir", str(folder), "--field=int", "--count=operands", "--tiers=4,5,6",
+            "--target=steps", "--train-size", "30", "--test-size", "4"]
+    prepare_data.main(args)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    capsys.readouterr()
+    prepare_data.main(args)
+    assert "holds this data already: int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier)" in \
+        capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    prepare_data.main(["arithmetic", "--data-dir", str(folder), "--tiers=2,3", "--train-size", "30", "--test-size", "4",
+                       "--overwrite"])
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "test_2.txt", "test_3.txt", "train.txt",
+                                                        "val_2.txt", "val_3.txt"]
+    assert arithmetic.holds(folder) == dict(**dataclasses.asdict(arithmetic.Task(**{**arithmetic.DEFAULTS,
+                                                                                    "tiers": (2, 3)})),
+                                            seed=0, train_size=30, test_size=4)

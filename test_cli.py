@@ -2,12 +2,19 @@
 code, and nothing written."""
 
 import ast
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import analyze
+import arithmetic
+import bench
 import cli
 import grid
 import prepare_data
@@ -22,6 +29,16 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
     assert cli.peak_flops("cuda:1", "bfloat16") == 756e12
     assert cli.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
     assert cli.peak_flops("cuda", "float32") is None and cli.peak_flops("cpu", "bfloat16") is None
+
+
+def test_ctrl_c_while_torch_loads_is_one_line():
+    """torch takes seconds to load, and a Ctrl-C meanwhile costs no traceback either."""
+    proc = subprocess.Popen([sys.executable, "train.py", "--help"], cwd=Path(__file__).parent, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "train.py: interrupted (SIGINT)\n")
 
 
 def test_no_script_imports_another():
@@ -88,7 +105,8 @@ BAD_INPUTS = [
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
-    ("train", train_args("--init-from=/nonexistent/run"), 2, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
+    ("train", train_args("--init-from=/nonexistent/run"), 1, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
+    ("train", train_args("--resume"), 1, "--resume: no checkpoint at"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--init-from={r}", "--n-layer=3"), 2,
      "ckpt.pt holds a model with n_layer=2 (not 3)"),
     ("train", lambda a, r, t: tiny_args(a, r, f"--init-from={r}", "--resume"), 2, "give one of them"),
@@ -114,4 +132,129 @@ def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, t
             "grid": grid.main}[script]
     err = error_of(main, argv(arith_dir, arith_run, tmp_path), capsys, code)
     assert err.startswith(f"{script}.py: error: ") and message in err
+    assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+# Every file a script reads, damaged as a power cut, a full disk, a stray edit or another run leaves it. In
+# damage(d, r, t) -> argv, d is a copy of the arithmetic data, r a copy of a finished run on it, t a scratch
+# folder holding notes.md: each case damages its copies, runs the script, and nothing may change.
+
+
+def write(path, content):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def edit_checkpoint(run, edit):
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, run / "ckpt.pt")
+
+
+def on_the_copy(d, r, t):
+    """The run r, as if it had been trained on d, the copy of its data."""
+    edit_checkpoint(r, lambda ckpt: ckpt["config"].update(data_dir=str(d)))
+
+
+def resume(d, r, t):
+    """The flags that continue the finished run r for two more steps."""
+    return tiny_args(d, r, "--max-steps=8", "--resume")
+
+
+def then(*steps):
+    """Damage in several steps, the last one giving the argv."""
+    def damage(d, r, t):
+        for step in steps[:-1]:
+            step(d, r, t)
+        return steps[-1](d, r, t)
+    return damage
+
+
+def another_regime(d, r, t):
+    shutil.rmtree(d)
+    arithmetic.prepare(d, arithmetic.Task(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
+
+
+DAMAGED = [
+    ("train", then(on_the_copy, lambda d, r, t: write(r / "ckpt.pt", b""), resume), 1,
+     "ckpt.pt is empty (cut short while it was written?)"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.pop("optimizer")), resume), 1,
+     "is not a checkpoint of train.py: it has no 'optimizer'"),
+    ("train", then(lambda d, r, t: write(r / "ckpt.pt", b"PK\x03\x04 half a zip"),
+                   lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+     ("--init-from: ", "ckpt.pt is not a checkpoint of train.py (torch.load: ")),
+    ("train", then(on_the_copy, lambda d, r, t: write(r / "log.jsonl", '{"step": 1}\n{"st\n{"step": 2}\n'), resume), 1,
+     "log.jsonl, line 2: not a row of the log ('{\"st'); move the log away to resume without it"),
+    ("train", then(on_the_copy, another_regime, resume), 1,
+     "holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier), but the run was trained on "
+     "int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give --data-dir the run's data, "
+     "or rebuild it with `python prepare_data.py arithmetic --data-dir "),
+    ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),
+    ("train", then(lambda d, r, t: write(d / "meta.json", "{}"), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "meta.json is not what this repo writes: it has no 'vocab'"),
+    ("train", then(lambda d, r, t: write(d / "train.txt", ""), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "train.txt is empty: rebuild it with"),
+    ("train", then(lambda d, r, t: (d / "test_5.txt").unlink(), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "test_5.txt is missing"),
+    ("train", then(lambda d, r, t: write(d / "val_4.txt", "1 + x = 3\n"), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "val_4.txt, line 1: not a sample of the task ('x' is not in the task vocabulary"),
+    ("train", lambda d, r, t: ["--preset=tiny", f"--data-dir={t / 'arithmetc-quick'}", f"--out-dir={t / 'run'}"], 1,
+     "no arithmetic data in"),  # a mistyped folder is not generated
+    ("train", then(lambda d, r, t: (write(t / "lang" / "x_train_000000.bin", bytes(1100)),
+                                    write(t / "lang" / "x_val_000000.bin", b"")),
+                   lambda d, r, t: ["--preset=tiny", "--data=shakespeare", f"--data-dir={t / 'lang'}",
+                                    f"--out-dir={t / 'run'}"]), 1, "x_val_000000.bin: not a token shard"),
+    ("sample", then(lambda d, r, t: write(r / "ckpt.pt", b""), lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt is empty"),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt holds a model its config does not describe"),
+    ("sample", then(lambda d, r, t: write(d / "meta.json", "{"),
+                    lambda d, r, t: ["--out-dir", str(r), "--data-dir", str(d), "--eval"]), 1,
+     "meta.json is not valid JSON"),
+    ("analyze", then(lambda d, r, t: write(r / "ckpt.pt", b"garbage"), lambda d, r, t: ["routes", "--out-dir", str(r)]),
+     1, "is not a checkpoint of train.py"),
+    ("analyze", then(lambda d, r, t: write(d / "meta.json", "{"),
+                     lambda d, r, t: ["entropy", "--out-dir", str(r), "--data-dir", str(d)]), 1,
+     "meta.json is not valid JSON"),
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "li'), lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not valid JSON"),
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", "{}"), lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: it has no 'router'"),
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is empty"),
+    ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands"),
+                                   write(t / "root" / "int-steps-operands" / "meta.json", "{")),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                                   str(t / "root"), "--out-dir", str(t / "g")]), 1, "meta.json is not valid JSON"),
+    ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands" / "lime-seed1" / "summary.json", "{"),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                                   str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
+    ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d)], 2,
+     "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give another "
+     "--data-dir, or --overwrite to replace it"),
+    ("prepare_data", then(lambda d, r, t: (d / "meta.json").unlink(),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d)]), 2,
+     "holds arithmetic data that cannot be read"),
+    ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
+     "notes.md is a file, not a folder"),
+    ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is a folder"),
+]
+
+
+@pytest.mark.parametrize("script, damage, code, message", DAMAGED, ids=[f"{c[0]} {str(c[3])[:50]}" for c in DAMAGED])
+def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run, tmp_path, capsys, script, damage,
+                                                             code, message):
+    d, r, t = tmp_path / "data", tmp_path / "run", tmp_path / "t"
+    shutil.copytree(arith_dir, d)
+    shutil.copytree(arith_run, r)
+    t.mkdir()
+    (t / "notes.md").write_text("not a folder")
+    argv = damage(d, r, t)
+    before = snapshot(arith_dir, arith_run, tmp_path)
+    main = {"train": train.main, "sample": sample.main, "prepare_data": prepare_data.main, "analyze": analyze.main,
+            "grid": grid.main, "bench": bench.main}[script]
+    err = error_of(main, argv, capsys, code)
+    messages = message if isinstance(message, tuple) else (message,)
+    assert err.startswith(f"{script}.py: error: ") and all(m in err for m in messages), err
     assert snapshot(arith_dir, arith_run, tmp_path) == before

@@ -1,37 +1,56 @@
 """LIMe against the baseline over seeds and regimes of the arithmetic task (grid.py)."""
 
 import contextlib
+import io
 import json
 import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 import grid
 import train
 from conftest import error_of, snapshot
 
 
+def train_here(cmd, out):
+    """`python train.py ...` as train.main(...) in this process, its output into `out`: its exit code. (A
+    process of its own would spend seconds importing torch; test_two_process_ddp_on_cpu runs train.py as one.)"""
+    assert cmd[:2] == [sys.executable, str(Path(grid.__file__).with_name("train.py"))], cmd
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            train.main(cmd[2:])
+            return 0
+        except SystemExit as e:
+            return e.code
+
+
 class TrainInThisProcess:
-    """Stands in for subprocess.Popen in grid.py: runs `python train.py ...` as train.main(...) in this
-    process, its output into the log grid gave it (a process of its own would spend seconds importing torch;
-    test_two_process_ddp_on_cpu runs train.py as one)."""
+    """Stands in for subprocess.Popen in grid.py."""
 
     def __init__(self, cmd, stdout, stderr, env):
-        assert cmd[:2] == [sys.executable, str(Path(grid.__file__).with_name("train.py"))], cmd
         assert env["OMP_NUM_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
-            try:
-                train.main(cmd[2:])
-                self.returncode = 0
-            except SystemExit as e:
-                self.returncode = e.code
+        self.returncode = train_here(cmd, stdout)
 
     def poll(self):
         return self.returncode
 
 
-def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, monkeypatch):
+def check_here(cmd, capture_output, text):
+    """Stands in for subprocess.run in grid.py: train.py's --dry-run."""
+    out = io.StringIO()
+    code = train_here(cmd, out)
+    return grid.subprocess.CompletedProcess(cmd, code, out.getvalue(), out.getvalue())
+
+
+@pytest.fixture
+def train_in_this_process(monkeypatch):
     monkeypatch.setattr(grid.subprocess, "Popen", TrainInThisProcess)
+    monkeypatch.setattr(grid.subprocess, "run", check_here)
+
+
+def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, train_in_this_process):
     args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none", "--seeds", "1",
             "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
@@ -53,10 +72,25 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert "2 finished before; 0 to go" in capsys.readouterr().out
 
 
-def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys):
+def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
     shutil.copytree(arith_dir, tmp_path / "int-steps-operands")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
     err = error_of(grid.main, ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
                                str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
     assert err.startswith("grid.py: error: ") and "holds other arithmetic data" in err and "--data-root" in err
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
+    (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
+    (["--", "--resume"], "the flags for train.py: --resume continues the run in --out-dir and --overwrite deletes"),
+    (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
+    (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
+])
+def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):
+    """The flags after -- too, by train.py's own --dry-run: one line, exit 2, no data generated, no run started."""
+    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--out-dir", str(tmp_path / "out"),
+            "--data-root", str(tmp_path / "data"), *flags]
+    assert message in error_of(grid.main, args, capsys)
+    assert list(tmp_path.iterdir()) == []

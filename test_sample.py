@@ -1,11 +1,15 @@
 """Generation and evaluation from a checkpoint (sample.py)."""
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 import arithmetic
+import prepare_data
 import runs
 import sample
 from conftest import error_of
@@ -32,7 +36,10 @@ def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
 
 def test_sample_eval_matches_train(arith_run, language_run, capsys):
     summary = json.loads((arith_run / "summary.json").read_text())
+    capsys.readouterr()
     metrics = sample.main(["--out-dir", str(arith_run), "--eval"])
+    shown = f"acc_4 {100 * summary['acc_4']:.1f}%, acc_5"  # printed in percent, as the README shows them
+    assert shown in capsys.readouterr().out
     assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_4",
                                                "val_acc_5", "val_acc_6")}
     summary = json.loads((language_run / "summary.json").read_text())
@@ -46,10 +53,17 @@ def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):
         assert arithmetic.Task.from_meta(config["task"]) == arithmetic.Task()
     other = tmp_path / "other"
     arithmetic.prepare(other, arithmetic.Task(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
+    rebuild = (f"python prepare_data.py arithmetic --data-dir {other} --field int --count operands --tiers 4,5,6 "
+               "--target steps --train-size 100 --test-size 10 --overwrite")
     for flags in (["--eval"], ["--start", "1 + 2 + 3 + 4"]):
         err = error_of(sample.main, ["--out-dir", str(arith_run), "--data-dir", str(other), *flags], capsys, code=1)
-        assert err == (f"sample.py: error: {other} holds the task mod11-answer, tiers 4,5,6 operands, but the run was "
-                       "trained on int-steps, tiers 4,5,6 operands: give --data-dir the run's data")
+        assert err == (f"sample.py: error: {other} holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, "
+                       "2 val a tier), but the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 100 train, "
+                       f"10 test, 10 val a tier): give --data-dir the run's data, or rebuild it with `{rebuild}`")
+    # the command it names rebuilds exactly the run's data, which the run then takes
+    prepare_data.main(rebuild.split()[2:])
+    assert sample.main(["--out-dir", str(arith_run), "--data-dir", str(other), "--eval"]) == \
+        sample.main(["--out-dir", str(arith_run), "--eval"])
 
 
 def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path):
@@ -78,6 +92,25 @@ def test_sample_bad_input(arith_run, capsys, args, message):
 
 
 def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
-    assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
+    assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1)
     (tmp_path / "ckpt.pt").write_text("garbage")
-    assert "cannot read" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys)
+    assert error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1) == \
+        f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a checkpoint of train.py (torch.load: UnpicklingError)"
+
+
+def test_a_run_reads_from_any_folder_and_from_an_older_version(arith_run, tmp_path, monkeypatch):
+    """A run records where its data is as an absolute path; one from before (a relative path, and a config
+    without the fields added since) still loads, given the data's folder."""
+    config = json.loads((arith_run / "config.json").read_text())
+    assert Path(config["data_dir"]).is_absolute()
+    expected = sample.main(["--out-dir", str(arith_run), "--eval"])
+    monkeypatch.chdir(tmp_path)
+    assert sample.main(["--out-dir", str(arith_run), "--eval"]) == expected
+    old = tmp_path / "old"
+    shutil.copytree(arith_run, old)
+    ckpt = torch.load(old / "ckpt.pt", weights_only=True)
+    for field in ("task", "init_from", "router_top_p", "prune_at", "norm_eps"):  # fields added over time
+        ckpt["config"].pop(field)
+    ckpt["config"]["data_dir"] = os.path.relpath(config["data_dir"], tmp_path)
+    torch.save(ckpt, old / "ckpt.pt")
+    assert sample.main(["--out-dir", str(old), "--eval"]) == expected

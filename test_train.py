@@ -25,46 +25,57 @@ from conftest import assert_same_run, error_of, read_log, small_model, snapshot,
 from cli import option
 from lime import GPT, GPTConfig
 
-def test_tiny_training_lowers_the_loss(arith_dir, tmp_path):
+def test_tiny_training_lowers_the_loss(arith_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(arith_dir, out, "--max-steps=40", "--eval-interval=20", "--lr=1e-2"))
+    printed = capsys.readouterr().out
     losses = list(train_losses(out).values())
     assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["router"] == "lime" and summary["steps"] == 40 and summary["tokens_seen"] == 40 * 8 * 64
-    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_6", "tokens_per_s", "peak_memory_bytes"} <= set(summary)
+    assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_6", "tokens_per_s", "peak_memory_bytes"} <= \
+        set(summary)
     assert arithmetic.Task.from_meta(summary["task"]) == arithmetic.Task() and summary["seed"] == 1337
     evals = [r for r in read_log(out) if "val_loss" in r]
     assert [r["step"] for r in evals] == [20, 40] and evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert "val_acc_6" in evals[0] and "acc_6" not in evals[0] and "acc_6" in evals[-1]  # the test split at the end
     config = json.loads((out / "config.json").read_text())
     assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
+    assert f"eval step 40: val_loss {summary['val_loss']:.4f}, val_ppl" in printed  # accuracies in percent:
+    assert f", acc_6 {100 * summary['acc_6']:.1f}% (" in printed and f"acc_6 {100 * summary['acc_6']:.1f}%\n" in printed
 
 
-@pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c"])
-def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatch, interrupt):
+@pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c", "ctrl-c in an evaluation", "a cut last line"])
+def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatch, capsys, interrupt):
+    """Losses, weights and every row of the log, evaluations included, as if the run had not stopped."""
     parts = tmp_path / "parts"
-    if interrupt == "stop-at":
+    if interrupt in ("stop-at", "a cut last line"):
         train.main(tiny_args(answer_dir, parts, "--stop-at=5"))
-    else:  # Ctrl-C while fetching the batch of step 7: steps 1..7 are done and saved
-        real_batch = arithmetic.Data.batch
-        calls = []
+        if interrupt == "a cut last line":  # what a power cut leaves
+            with open(parts / "log.jsonl", "a") as f:
+                f.write('{"step": 6, "lo')
+    else:  # Ctrl-C while fetching the batch of step 7 (steps 1..7 done and saved), or in the evaluation of step 6
+        where = "metrics" if interrupt.endswith("evaluation") else "batch"
+        real, calls = getattr(arithmetic.Data, where), []
 
-        def batch(self, rng, n):
+        def interrupted(self, *args, **kwargs):
             calls.append(1)
-            if len(calls) == 2 * 7 + 1:
+            if len(calls) == (1 if where == "metrics" else 2 * 7 + 1):
                 raise KeyboardInterrupt
-            return real_batch(self, rng, n)
+            return real(self, *args, **kwargs)
 
-        monkeypatch.setattr(arithmetic.Data, "batch", batch)
+        monkeypatch.setattr(arithmetic.Data, where, interrupted)
         with pytest.raises(SystemExit) as e:
             train.main(tiny_args(answer_dir, parts))
         assert e.value.code == 130
-        monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+        monkeypatch.setattr(arithmetic.Data, where, real)
     stopped_at = torch.load(parts / "ckpt.pt", weights_only=True)["step"]
-    assert stopped_at == (5 if interrupt == "stop-at" else 7)
+    assert stopped_at == {"ctrl-c": 7, "ctrl-c in an evaluation": 6}.get(interrupt, 5)
+    capsys.readouterr()
     train.main(tiny_args(answer_dir, parts, "--resume"))
     assert_same_run(parts, whole_run)
+    dropped = "its last line was cut short, so it is dropped" in capsys.readouterr().out
+    assert dropped == (interrupt == "a cut last line")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -72,7 +83,6 @@ def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatc
     (["--router=first-0"], "unknown router 'first-0'"),
     (["--n-kv-head=3", "--n-head=2"], "n_kv_head=3 must divide n_head=2"),
     (["--micro-batch-size=3"], "--batch-size=8 is not a multiple of --micro-batch-size=3"),
-    (["--resume"], "--resume: no checkpoint at"),
     (["--schedule=step"], "--schedule='step': choose from cosine, linear"),
     (["--max-steps=abc"], "argument --max-steps: invalid int value"),
 ])
@@ -90,7 +100,8 @@ def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     assert "was trained with router='lime' (not 'none')" in error_of(
         train.main, tiny_args(answer_dir, out, "--router=none", "--resume"), capsys)
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
-    assert "--resume: cannot read" in error_of(train.main, tiny_args(answer_dir, out, "--resume"), capsys)
+    assert "--resume: " + str(out / "ckpt.pt") + " is not a checkpoint of train.py" in error_of(
+        train.main, tiny_args(answer_dir, out, "--resume"), capsys, code=1)
     assert {p.name for p in out.iterdir()} == set(before)
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
@@ -323,3 +334,16 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path):
     assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
     assert json.loads((parts / "summary.json").read_text())["router_pruned"] == int((~keep).sum())
     assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
+
+
+def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_path, capsys, monkeypatch):
+    """--data with a preset of other data reads data/<data>, not the preset's folder; --dry-run checks and prints
+    the config (its data_dir absolute, so that the run reads it from any folder) and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    for flags, data_dir in ((["--data=shakespeare"], "data/shakespeare"), ([], "data/arithmetic-quick"),
+                            (["--data-dir=mine"], "mine")):
+        assert train.main(["--preset=tiny", *flags, "--dry-run"]) is None
+        printed = capsys.readouterr().out
+        config = json.loads(printed.splitlines()[0].removeprefix("config: "))
+        assert config["data_dir"] == str(tmp_path / data_dir) and "nothing was written" in printed
+    assert list(tmp_path.iterdir()) == []

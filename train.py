@@ -17,6 +17,10 @@ the batches an uninterrupted one would. The plumbing around this recipe (flags, 
 signals, checkpoints, the run's folder) is in runs.py.
 """
 
+# cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
+from cli import (NON_NEGATIVE, POSITIVE, UsageError, autocast_for, check_fields, option, peak_flops, pick_device,
+                 show_metrics, synchronize)
+
 import json
 import math
 import os
@@ -24,14 +28,14 @@ import resource
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import arithmetic
 import runs
-from cli import (NON_NEGATIVE, POSITIVE, UsageError, autocast_for, check_fields, option, peak_flops, pick_device,
-                 synchronize)
 from data import batch_rng, evaluate
 from lime import GPT, GPTConfig, parse_router, probe, router_forms
 from pruning import mask_routers, prune_routers, pruned_counts
@@ -117,6 +121,9 @@ PRESETS = {
                  mlp_hidden=256, block_size=64, vocab_size=1024, batch_size=64, micro_batch_size=64, max_steps=1500,
                  lr=3e-3, warmup_steps=50, min_lr=1e-4, eval_interval=500, eval_samples=200, log_interval=50),
 }
+# The presets that make their data here, offline, the first time their own folder is missing (and only
+# there: a --data-dir mistyped is an error, not a new data set): the task each generates
+GENERATES = {"tiny": arithmetic.QUICK_START, "arith": arithmetic.Task(**arithmetic.DEFAULTS)}
 
 
 # -----------------------------------------------------------------------------
@@ -171,6 +178,10 @@ def train(cfg, run):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     # data: a task (samples) has to fit the model, and counts its length in epochs of len(train) samples
+    own = Path(PRESETS[cfg.preset].get("data_dir") or f"data/{cfg.data}").resolve()
+    if cfg.preset in GENERATES and Path(cfg.data_dir) == own and not (own / "meta.json").exists():
+        print(f"preparing the arithmetic task in {own} (once, offline)")
+        arithmetic.prepare(own, GENERATES[cfg.preset], overwrite=True)  # (over what an interrupted one left)
     data = runs.load_data(cfg)
     if data.vocab_size and data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
@@ -225,7 +236,7 @@ def train(cfg, run):
         metrics = evaluate(model, raw_model, data, cfg.micro_batch_size, device, autocast, rank, world,
                            final=step == cfg.max_steps)
         run.log(step=step, **metrics)
-        say(f"eval step {step}: {', '.join(f'{k} {v:.4f}' for k, v in metrics.items())} ({time.time() - t:.1f}s)")
+        say(f"eval step {step}: {show_metrics(metrics)} ({time.time() - t:.1f}s)")
         if not math.isfinite(metrics["val_loss"]):
             raise FloatingPointError(f"validation loss is {metrics['val_loss']} at step {step}")
         run.save(step)
@@ -236,8 +247,8 @@ def train(cfg, run):
     synchronize(device)
     window_start, window_steps = time.time(), 0  # timing leaves evaluation out
     try:
-        if step == cfg.max_steps:  # resumed after a cut in the final evaluation: that is all there is left to do
-            metrics = evaluate_and_save(step)
+        if step and (step % cfg.eval_interval == 0 or step == cfg.max_steps):  # resumed at an evaluation's step:
+            metrics = run.logged_evaluation(step) or evaluate_and_save(step)  # its row, or itself if it was cut
         while step < last_step:
             if cfg.router_top_p > 0 and step == cfg.prune_at:
                 with run.signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
@@ -282,8 +293,9 @@ def train(cfg, run):
                 tok_s = tokens_per_step * window_steps / dt
                 mfu = f" | MFU {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
                 lr = learning_rate(step - 1, cfg)
+                eta = (last_step - step) * timed_seconds / timed_steps  # at the mean pace of the session so far
                 say(f"step {step}/{cfg.max_steps} | loss {loss_value:.4f} | lr {lr:.2e} | {ms:.0f} ms/step | "
-                    f"{tok_s:,.0f} tok/s{mfu} | ETA {runs.format_eta((last_step - step) * ms / 1000)}")
+                    f"{tok_s:,.0f} tok/s{mfu} | ETA {runs.format_eta(eta)}")
                 run.log(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
                 window_start, window_steps = time.time(), 0
 
@@ -309,7 +321,7 @@ def train(cfg, run):
                         router_pruned=pruned,
                         tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
                         peak_memory_bytes=peak_mem, device=device, world_size=world))
-        say(f"done: {run.out_dir / 'summary.json'}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        say(f"done: {run.out_dir / 'summary.json'}: {show_metrics(metrics)}")
     if ddp:
         dist.barrier()  # let rank 0 finish writing before the group goes away
         dist.destroy_process_group()
