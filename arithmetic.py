@@ -267,7 +267,8 @@ FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data fol
 
 def regime(meta):
     """What makes a folder's data what it is: the task, and the generator's seed and sizes (where known)."""
-    return {**dataclasses.asdict(Task.from_meta(meta)), **{k: meta[k] for k in SIZES if k in meta}}
+    sizes = {k: meta[k] for k in SIZES} if all(k in meta for k in SIZES) else {}  # (an old run's: none)
+    return {**dataclasses.asdict(Task.from_meta(meta)), **sizes}
 
 
 def describe(regime):
@@ -372,7 +373,7 @@ def load(data_dir, trained_on=None):
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
     if trained_on:
-        have, want = regime(meta), {k: v for k, v in regime(trained_on).items()}
+        have, want = regime(meta), regime(trained_on)
         differ = [k for k in want if k in have and have[k] != want[k]]
         if differ:
             raise DataError(f"{data_dir} holds {describe(have)}, but the run was trained on {describe(want)}: give "
@@ -385,7 +386,10 @@ def load(data_dir, trained_on=None):
         path = data_dir / f"{name}.txt"
         if not path.exists() or not path.stat().st_size:
             raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
-        splits[name] = path.read_text().splitlines()
+        try:
+            splits[name] = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{path} cannot be read ({e}): {rebuild}") from None
     return vocab, splits, task, meta
 
 

@@ -22,8 +22,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, peak_flops, pick_device,
-                 synchronize)
+from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, one_line_errors, peak_flops,
+                 pick_device, synchronize)
 
 import argparse
 import json
@@ -289,36 +289,36 @@ def parse_args(argv):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+    with one_line_errors("bench.py"):
         args, shape = parse_args(argv)
-    except UsageError as e:
-        fail("bench.py", f"error: {e}", 2)
-    if args.worker:
-        Path(args.worker).write_text(json.dumps(measure(args.routers, shape, args, args.device)))
-        return None
-    is_cuda = args.device.startswith("cuda")
-    name = torch.cuda.get_device_name(args.device) if is_cuda else f"cpu ({torch.get_num_threads()} threads)"
-    dtype = args.dtype if is_cuda else "float32"
-    alone = is_cuda or args.compile == "on" or args.fresh_processes
-    how = "" if args.kernels else "; each mode in its own process" if alone else "; modes taking turns in one process"
-    print(f"device {name}, torch {torch.__version__}, {dtype}, compile {args.compile}, shape {args.shape} {shape}{how}")
-    out = dict(device=name, torch=torch.__version__, dtype=dtype, compile=args.compile, shape=shape, runs=[])
-    if args.kernels:
-        out["kernels"] = measure_kernels(shape, args, args.device)
-    try:
-        for depth in [shape["n_layer"], *args.depths] if not args.kernels else []:
-            depth_shape = {**shape, "n_layer": depth}
-            results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \
-                measure(args.routers, depth_shape, args, args.device)
-            base = add_ratios(results)
-            print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
-            out["runs"].append(dict(n_layer=depth, results=results))
-    except RuntimeError as e:
-        fail("bench.py", f"error: {e}", 1)
-    if args.json:
-        atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
-        print(f"wrote {args.json}")
-    return out
+        if args.worker:
+            Path(args.worker).write_text(json.dumps(measure(args.routers, shape, args, args.device)))
+            return None
+        is_cuda = args.device.startswith("cuda")
+        name = torch.cuda.get_device_name(args.device) if is_cuda else f"cpu ({torch.get_num_threads()} threads)"
+        dtype = args.dtype if is_cuda else "float32"
+        alone = is_cuda or args.compile == "on" or args.fresh_processes
+        how = "" if args.kernels else "; each mode in its own process" if alone else \
+            "; modes taking turns in one process"
+        print(f"device {name}, torch {torch.__version__}, {dtype}, compile {args.compile}, shape {args.shape} "
+              f"{shape}{how}")
+        out = dict(device=name, torch=torch.__version__, dtype=dtype, compile=args.compile, shape=shape, runs=[])
+        if args.kernels:
+            out["kernels"] = measure_kernels(shape, args, args.device)
+        try:
+            for depth in [shape["n_layer"], *args.depths] if not args.kernels else []:
+                depth_shape = {**shape, "n_layer": depth}
+                results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \
+                    measure(args.routers, depth_shape, args, args.device)
+                base = add_ratios(results)
+                print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
+                out["runs"].append(dict(n_layer=depth, results=results))
+        except RuntimeError as e:  # a mode's process that failed (its output is above), or torch in this one
+            fail("bench.py", f"error: {str(e).splitlines()[0]}", 1)
+        if args.json:
+            atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+            print(f"wrote {args.json}")
+        return out
 
 
 if __name__ == "__main__":

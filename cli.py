@@ -22,8 +22,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import field, fields
 from pathlib import Path
 
-MAIN = Path(getattr(sys.modules["__main__"], "__file__", None) or "").resolve()
-SCRIPT = MAIN.name  # "train.py" when that one runs
+MAIN = getattr(sys.modules["__main__"], "__file__", None)  # None in a notebook or `python -c`
+SCRIPT = Path(MAIN or "").name  # "train.py" when that one runs
 
 
 def interrupted_while_starting(signum, frame):
@@ -33,7 +33,8 @@ def interrupted_while_starting(signum, frame):
 
 # NOTE a script imports this module before torch, which takes seconds to load: a Ctrl-C meanwhile is one
 # line too, not a traceback. one_line_errors puts Python's own handler back once the script runs
-if MAIN.parent == Path(__file__).resolve().parent and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+if MAIN and Path(MAIN).resolve().parent == Path(__file__).resolve().parent and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, interrupted_while_starting)
 
 import torch  # noqa: E402
@@ -134,7 +135,9 @@ def read_json(path, keys=()):
         value = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise DataError(f"no {path}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
+    except OSError as e:
+        raise DataError(f"{path} cannot be read ({e.strerror})") from None
+    except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise DataError(f"{path} is " + ("empty" if path.exists() and not path.stat().st_size else
                                          f"not valid JSON ({str(e).splitlines()[0]})")) from None
     missing = [k for k in keys if not isinstance(value, dict) or k not in value]

@@ -33,7 +33,7 @@ from runs import read_summary, results_table, run_files
 
 
 def regimes(args):
-    """(folder name, ArithmeticTask) for every field and target asked for."""
+    """(folder name, arithmetic.Task) for every field and target asked for."""
     tiers = tuple(int(t) for t in args.tiers.split(","))
     out = []
     for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
@@ -47,13 +47,14 @@ def prepare(data_dir, task, args, generate=True):
     """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
     `generate`, one that holds nothing yet is generated."""
     want = dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
-    have = arithmetic.holds(data_dir)
+    # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again)
+    have = arithmetic.holds(data_dir) if (data_dir / "meta.json").exists() else None
     if have is not None and have != want:
         raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "
                          f"{arithmetic.describe(want)}: give another --data-root")
     if have is None and generate:
         print(f"grid: generating {data_dir}")
-        arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)
+        arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size, overwrite=True)
 
 
 def model_fit(data_dir):
@@ -116,9 +117,10 @@ def main(argv=None):
             out = Path(args.out_dir) / name / f"{router}-seed{seed}"
             if (out / "summary.json").exists():
                 read_summary(out)  # a finished run is kept: it has to be readable
-        name, router, seed, data_dir = runs[0]  # the flags every run gets, last: a process of its own, seconds
-        check_flags(train_command(router, seed, data_dir, Path(args.out_dir) / name / f"{router}-seed{seed}", args,
-                                  extra))
+        name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
+        for router in routers:
+            check_flags(train_command(router, seed, data_dir, Path(args.out_dir) / name / f"{router}-seed{seed}",
+                                      args, extra))
         fits = {}
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args)

@@ -35,6 +35,8 @@ def check(path):
         records = json.loads(Path(path).read_bytes())
     except FileNotFoundError:
         raise DataError(f"{name} is missing from {Path(path).parent}") from None
+    except OSError as e:
+        raise DataError(f"{name} cannot be read ({e.strerror})") from None
     except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise DataError(f"{name}: not valid JSON ({e})") from None
     if not isinstance(records, list) or not records:
@@ -76,7 +78,7 @@ def load(data_dir, split):
     into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory."""
     path = Path(data_dir) / f"prosqa_{split}.npz"
     if not path.exists():
-        where = "" if Path(data_dir) == Path("data/prosqa") else f" --data-dir {data_dir}"
+        where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
         raise DataError(f"no ProsQA data in {data_dir}: run `python prepare_data.py prosqa{where}`")
     try:
         with np.load(path) as f:

@@ -52,11 +52,10 @@ def main(script, argv, cls, presets, train, description=None):
         cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
         run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
         if dry_run:
-            print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and files check out; "
-                  "nothing was written)")
+            print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and the checkpoints "
+                  "they name check out; no data was read, nothing was written)")
             return None
-        with Signals() as signals:
-            run.signals = signals
+        with Signals() as run.signals:
             return train(cfg, run)
 
 
@@ -97,8 +96,8 @@ def build_parser(cls, defaults, description=None):
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
-    p.add_argument("--dry-run", action="store_true", help="check the flags and the files they name, print the "
-                                                          "config, and stop: nothing is written")
+    p.add_argument("--dry-run", action="store_true", help="check the flags and the checkpoints they name, print "
+                                                          "the config, and stop: no data is read, nothing written")
     return p
 
 
@@ -120,6 +119,7 @@ def resolve(argv, cls, presets, description=None):
     if resume and overwrite:
         raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
     cfg = {**defaults, **given}
+    cfg["data_dir"] = given.get("data_dir") or data_folder(presets, preset, cfg["data"])
     init = None
     if cfg["init_from"]:
         if resume:
@@ -137,9 +137,6 @@ def resolve(argv, cls, presets, description=None):
     ckpt = None
     if resume:
         ckpt, cfg = resume_checkpoint(cls, cfg, given)
-    if "data_dir" not in given and cfg["data"] != presets[preset].get("data", cls.data):
-        cfg["data_dir"] = ""  # the preset's folder holds the preset's data, not the data asked for instead
-    cfg["data_dir"] = str(Path(cfg["data_dir"] or f"data/{cfg['data']}").resolve())
     if "prune_at" in given and not cfg["router_top_p"] > 0:
         raise UsageError("--prune-at says when to prune: give --router-top-p too")
     try:
@@ -154,6 +151,14 @@ def resolve(argv, cls, presets, description=None):
     return config, ckpt, init, dry_run
 
 
+def data_folder(presets, preset, data):
+    """Where a run of `preset` reads `data` unless --data-dir says otherwise (an absolute path, so that the
+    run reads it from any working directory): the preset's own folder for the preset's own data, data/<data>
+    for any other (the preset's folder holds its data, not the data asked for instead)."""
+    own = presets[preset].get("data_dir") if data == presets[preset].get("data") else None
+    return str(Path(own or f"data/{data}").resolve())
+
+
 def resume_checkpoint(cls, cfg, given):
     """--resume: the checkpoint in --out-dir and the config saved in it, in which a flag may change only
     the fields that say so (resume="may change": where and how long this session runs)."""
@@ -165,7 +170,7 @@ def resume_checkpoint(cls, cfg, given):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     free = [k for k, f in fields.items() if f.metadata.get("resume") == "may change"]
     saved = {**dataclasses.asdict(cls()), **{k: v for k, v in ckpt["config"].items() if k in fields}}  # older runs
-    saved["data_dir"] = str(Path(saved["data_dir"] or f"data/{saved['data']}").resolve())  # (older runs: relative)
+    saved["data_dir"] = str(Path(saved["data_dir"] or f"data/{saved['data']}").resolve())  # older runs: relative
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
@@ -187,7 +192,7 @@ def init_checkpoint(cfg, given):
         init = read_checkpoint(cfg["init_from"])
     except DataError as e:
         raise DataError(f"--init-from: {e}") from None
-    source = init["config"]
+    source = dataclasses.asdict(GPTConfig.of(init["config"]))  # (an older run's lacks the fields added since)
     shape = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "block_size"]
     clash = [f"{k}={source[k]!r} (not {given[k]!r})" for k in shape if k in given and given[k] != source[k]]
     if clash:
@@ -248,7 +253,10 @@ class Signals:
 def read_log(path):
     """The rows of a log.jsonl, and a notice if its last line was cut short (what a power cut leaves),
     which is dropped; a line in the middle that is not a row is a DataError."""
-    lines, rows, notice = Path(path).read_text().splitlines(), [], None
+    try:
+        lines, rows, notice = Path(path).read_text().splitlines(), [], None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} cannot be read as a log ({e}); move it away to resume without it") from None
     for i, line in enumerate(lines):
         try:
             row = json.loads(line)
@@ -269,17 +277,19 @@ class Run:
     start, ckpt.pt at most once per step and whole even when a signal comes during the write, and
     summary.json at the end. `resume` and `init` are the checkpoints of --resume and --init-from."""
 
-    def __init__(self, cfg, resume=None, init=None, signals=None):
+    def __init__(self, cfg, resume=None, init=None):
         self.cfg, self.resume, self.init = cfg, resume, init
         self.out_dir = Path(cfg.out_dir)
-        self.signals = signals or Signals()  # not installed: holds nothing, and Ctrl-C is a plain KeyboardInterrupt
+        self.signals = Signals()  # not installed (main() installs one): it holds nothing
         self.master = int(os.environ.get("RANK", 0)) == 0
         self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl")
-            self.rows = [row for row in rows if row["step"] <= self.saved_step]
+            final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
+            self.rows = [row for row in rows if row["step"] < self.saved_step or
+                         row["step"] == self.saved_step and not (final and "val_loss" in row)]
 
     def say(self, *args, **kwargs):
         if self.master:
@@ -295,13 +305,15 @@ class Run:
                 model.load_state_dict(self.init["model"])
             except RuntimeError as e:
                 raise UsageError(f"--init-from: {self.cfg.init_from} does not fit: {str(e).splitlines()[0]}") from None
-            self.router_mask = self.init.get("router_mask")
-            return 0, self.router_mask
+            return 0, self.init.get("router_mask")
         if self.resume is not None:
-            model.load_state_dict(self.resume["model"])
-            optimizer.load_state_dict(self.resume["optimizer"])
-            self.router_mask = self.resume.get("router_mask")
-            return self.resume["step"], self.router_mask
+            try:
+                model.load_state_dict(self.resume["model"])
+                optimizer.load_state_dict(self.resume["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise DataError(f"--resume: {self.out_dir / 'ckpt.pt'} holds weights or an optimiser state its "
+                                f"config does not describe ({str(e).splitlines()[0][:100]})") from None
+            return self.resume["step"], self.resume.get("router_mask")
         return 0, None
 
     def begin(self):
@@ -325,7 +337,8 @@ class Run:
                 f.write(json.dumps(record) + "\n")
 
     def logged_evaluation(self, step):
-        """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None."""
+        """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None (none at
+        max_steps: the final evaluation is always done again, on the test split too)."""
         row = next((r for r in self.rows if r["step"] == step and "val_loss" in r), None)
         return row and {k: v for k, v in row.items() if k != "step"}
 
@@ -461,7 +474,7 @@ def results_table(summaries, split="test"):
     tiers = set.intersection(*({int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries))
     metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
         (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
-    if not all(m in s for s in summaries for m in metrics):
+    if not all(isinstance(s.get(m), (int, float)) for s in summaries for m in metrics):
         raise DataError("these runs' summaries have no metric in common (accuracy per tier, acc or val_ppl)")
     if split == "val" and not metrics[0].startswith("val_acc"):
         raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "

@@ -77,6 +77,8 @@ def prompts(args, codec, n):
             text = Path(text[5:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"--start {args.start}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--start {args.start}: not UTF-8 text") from None
     if not text.strip():
         raise UsageError("--start is empty: give some text (or leave it out)")
     return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one

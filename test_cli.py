@@ -104,6 +104,8 @@ BAD_INPUTS = [
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
+    ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, "prunes learned static routers (lime, last-J or "
+     "first-J), not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
     ("train", train_args("--init-from=/nonexistent/run"), 1, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
     ("train", train_args("--resume"), 1, "--resume: no checkpoint at"),

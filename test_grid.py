@@ -56,6 +56,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
             "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
             "--micro-batch-size=8", "--log-interval=1"]
+    (tmp_path / "data" / "mod11-answer-operators").mkdir(parents=True)  # a generation cut short: made again
+    (tmp_path / "data" / "mod11-answer-operators" / "train.txt").write_text("1 + 1 = 2\n")
     tables = grid.main(args)
     out = capsys.readouterr().out
     regime = tmp_path / "out" / "mod11-answer-operators"
@@ -87,6 +89,8 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--", "--resume"], "the flags for train.py: --resume continues the run in --out-dir and --overwrite deletes"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
+    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p prunes learned "
+     "static routers (lime, last-J or first-J), not --router=none"),  # each router's flags are checked
 ])
 def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):
     """The flags after -- too, by train.py's own --dry-run: one line, exit 2, no data generated, no run started."""

@@ -98,16 +98,16 @@ def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
         f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a checkpoint of train.py (torch.load: UnpicklingError)"
 
 
-def test_a_run_reads_from_any_folder_and_from_an_older_version(arith_run, tmp_path, monkeypatch):
+def test_a_run_reads_from_any_folder_and_from_an_older_version(language_run, tmp_path, monkeypatch):
     """A run records where its data is as an absolute path; one from before (a relative path, and a config
-    without the fields added since) still loads, given the data's folder."""
-    config = json.loads((arith_run / "config.json").read_text())
+    without the fields added since) still loads."""
+    config = json.loads((language_run / "config.json").read_text())
     assert Path(config["data_dir"]).is_absolute()
-    expected = sample.main(["--out-dir", str(arith_run), "--eval"])
+    expected = sample.main(["--out-dir", str(language_run), "--eval"])
     monkeypatch.chdir(tmp_path)
-    assert sample.main(["--out-dir", str(arith_run), "--eval"]) == expected
+    assert sample.main(["--out-dir", str(language_run), "--eval"]) == expected
     old = tmp_path / "old"
-    shutil.copytree(arith_run, old)
+    shutil.copytree(language_run, old)
     ckpt = torch.load(old / "ckpt.pt", weights_only=True)
     for field in ("task", "init_from", "router_top_p", "prune_at", "norm_eps"):  # fields added over time
         ckpt["config"].pop(field)

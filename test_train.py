@@ -347,3 +347,26 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
         config = json.loads(printed.splitlines()[0].removeprefix("config: "))
         assert config["data_dir"] == str(tmp_path / data_dir) and "nothing was written" in printed
     assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path):
+    """--resume without --preset or --data-dir continues on the run's own data. Ending a run early with a
+    lower --max-steps at a step that had an intermediate evaluation evaluates it again, as a final one."""
+    parts, short = tmp_path / "parts", tmp_path / "short"
+    train.main(tiny_args(answer_dir, parts, "--stop-at=6"))
+    train.main(["--out-dir", str(parts), "--resume"])
+    assert_same_run(parts, whole_run)
+    train.main(tiny_args(answer_dir, short, "--stop-at=6"))
+    train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
+    evals = [r for r in read_log(short) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
+    assert "acc_3" in json.loads((short / "summary.json").read_text())
+
+
+def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = error_of(train.main, ["--preset=arith", "--data=shakespeare", "--out-dir=run"], capsys, code=1)
+    assert f"no val shards in {tmp_path / 'data' / 'shakespeare'}" in err
+    err = error_of(train.main, ["--preset=tiny", "--data-dir=data/arithmetc-quick", "--out-dir=run"], capsys, code=1)
+    assert f"no arithmetic data in {tmp_path / 'data' / 'arithmetc-quick'}" in err
+    assert list(tmp_path.iterdir()) == []

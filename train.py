@@ -1,5 +1,5 @@
 """
-Trains a LIMe model (or an ablation of its router) on one CPU, one GPU, or several GPUs.
+Trains a LIMe model (or an ablation of its router, or a baseline) on one CPU, one GPU, or several GPUs.
 
     python train.py --preset=tiny --router=lime        # offline quick start, a few CPU minutes
     python train.py --router=first-4                   # the 150M router ablation on one GPU
@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import arithmetic
 import runs
 from data import batch_rng, evaluate
-from lime import GPT, GPTConfig, parse_router, probe, router_forms
+from lime import GPT, GPTConfig, Router, parse_router, probe, router_forms
 from pruning import mask_routers, prune_routers, pruned_counts
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
@@ -93,7 +93,8 @@ class TrainConfig(GPTConfig):
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
         super().__post_init__()
-        if self.router_top_p > 0 and not probe(parse_router(self.router)[0]).prunable:
+        method = parse_router(self.router)[0]
+        if self.router_top_p > 0 and not (issubclass(method, Router) and probe(method).prunable):
             raise ValueError(f"--router-top-p prunes learned static routers ({router_forms(lambda r: r.prunable)}), "
                              f"not --router={self.router}")
 
@@ -178,10 +179,11 @@ def train(cfg, run):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     # data: a task (samples) has to fit the model, and counts its length in epochs of len(train) samples
-    own = Path(PRESETS[cfg.preset].get("data_dir") or f"data/{cfg.data}").resolve()
-    if cfg.preset in GENERATES and Path(cfg.data_dir) == own and not (own / "meta.json").exists():
-        print(f"preparing the arithmetic task in {own} (once, offline)")
-        arithmetic.prepare(own, GENERATES[cfg.preset], overwrite=True)  # (over what an interrupted one left)
+    home = runs.data_folder(PRESETS, cfg.preset, cfg.data)  # where this preset keeps this data
+    if cfg.preset in GENERATES and cfg.data == "arithmetic" and cfg.data_dir == home and \
+            not (Path(home) / "meta.json").exists():
+        print(f"preparing the arithmetic task in {home} (once, offline)")
+        arithmetic.prepare(home, GENERATES[cfg.preset], overwrite=True)  # (over what an interrupted one left)
     data = runs.load_data(cfg)
     if data.vocab_size and data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
@@ -205,7 +207,7 @@ def train(cfg, run):
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                   eps=cfg.eps, fused=device_type == "cuda")
     step, mask = run.restore(raw_model, optimizer)  # --resume's weights and step, or --init-from's weights
-    if mask is not None:  # a pruned model stays pruned
+    if mask is not None:  # a pruned model stays pruned (the run saves the mask with its checkpoints)
         mask = run.router_mask = {name: keep.to(device) for name, keep in mask.items()}
         mask_routers(raw_model, mask, optimizer)
     if cfg.router_top_p > 0 and cfg.prune_at >= cfg.max_steps:
