@@ -249,8 +249,13 @@ def router_forms(where=None):
     """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
     satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
     names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in ROUTERS.items()
-             if where is None or issubclass(cls, Router) and where(probe(cls))]
+             if where is None or satisfies(cls, where)]
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def satisfies(cls, test):
+    """Whether the method `cls` is a router whose instance satisfies test: satisfies(cls, lambda r: r.prunable)."""
+    return issubclass(cls, Router) and test(probe(cls))
 
 
 def probe(cls):

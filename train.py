@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import arithmetic
 import runs
 from data import batch_rng, evaluate
-from lime import GPT, GPTConfig, Router, parse_router, probe, router_forms
+from lime import GPT, GPTConfig, parse_router, router_forms, satisfies
 from pruning import mask_routers, prune_routers, pruned_counts
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
@@ -93,8 +93,7 @@ class TrainConfig(GPTConfig):
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
         super().__post_init__()
-        method = parse_router(self.router)[0]
-        if self.router_top_p > 0 and not (issubclass(method, Router) and probe(method).prunable):
+        if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], lambda r: r.prunable):
             raise ValueError(f"--router-top-p prunes learned static routers ({router_forms(lambda r: r.prunable)}), "
                              f"not --router={self.router}")
 
