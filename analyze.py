@@ -6,6 +6,7 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
     python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figure 2b)
     python analyze.py table   out/150m-*                               # the ablation table (Table 7)
     python analyze.py table   out/grid/*/*                             # accuracy per tier, mean ± sd over seeds
+    python analyze.py curves  out/grid/*/*                             # validation accuracy and loss against step
     python analyze.py prune   --out-dir out/deep-lime --top-p 0.9      # top-p pruning of the routers (v1, Table 5)
 
 Each command prints a table; with matplotlib installed it also saves a PNG next to the
@@ -14,11 +15,13 @@ in LIMe, the layer's own values in the baseline.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors, pick_device,
-                 show_value)
+from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors,
+                 pick_device, read_json, show_value)
 
 import argparse
 import json
+import os
+import statistics
 from pathlib import Path
 
 import torch
@@ -35,17 +38,36 @@ def load(out_dir, args):
     return runs.load_checkpoint(out_dir, "cpu", args.data_dir)
 
 
-def save_plot(path, curves, xlabel, ylabel, title, image=None):
-    """Line plot of {label: ys} (or a heatmap of `image`) if matplotlib is there; else say how."""
+def pyplot():
+    """matplotlib's pyplot, drawing to files; None (and a line on how to get it) where it is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError:
         print("(no picture: `pip install matplotlib` to get one)")
+        return None
+    return plt
+
+
+def write_png(plt, fig, path):
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+        print(f"saved {path}")
+    except OSError as e:  # the table is printed already: a picture that cannot be written costs no traceback
+        print(f"(no picture: cannot write {path}: {e.strerror})")
+    plt.close(fig)
+
+
+def save_plot(path, curves, xlabel, ylabel, title, image=None):
+    """Line plot of {label: ys} per layer (or a heatmap of `image`), if matplotlib is there."""
+    plt = pyplot()
+    if plt is None:
         return
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6, 4.5))
     if image is not None:
         im = ax.imshow(image, cmap="viridis", origin="lower")
@@ -58,13 +80,7 @@ def save_plot(path, curves, xlabel, ylabel, title, image=None):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     if image is not None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
-        print(f"saved {path}")
-    except OSError as e:  # the table is printed already: a picture that cannot be written costs no traceback
-        print(f"(no picture: cannot write {path}: {e.strerror})")
-    plt.close(fig)
+    write_png(plt, fig, path)
 
 
 # -----------------------------------------------------------------------------
@@ -244,6 +260,75 @@ def cmd_table(args):
 
 
 # -----------------------------------------------------------------------------
+# curves: validation accuracy and loss against step, mean and spread over seeds
+
+
+def eval_rows(run_dir):
+    """A run's config.json and the evaluations its log.jsonl holds (finished or not)."""
+    config = read_json(run_dir / "config.json", keys=("router",))
+    if not (run_dir / "log.jsonl").exists():
+        raise DataError(f"no {run_dir / 'log.jsonl'}: not a run folder, or a run not started yet")
+    rows, notice = runs.read_log(run_dir / "log.jsonl")
+    if notice:
+        print(notice)
+    return config, [r for r in rows if "val_loss" in r]
+
+
+def mean_sd(values):
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def cmd_curves(args):
+    """{label: {metric: [(step, mean, sd, seeds)]}}: one curve per setting (runs.seed_group), the mean and
+    the sample standard deviation over its seeds, at every step that all of its runs have evaluated."""
+    if args.rows < 1:
+        raise UsageError(f"--rows must be positive, got {args.rows}")
+    groups = {}
+    for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs):  # a folder given twice is still one run
+        config, rows = eval_rows(d)
+        groups.setdefault(runs.seed_group(config), []).append(rows)
+    tiers = [int(k.removeprefix("val_acc_")) for seeds in groups.values() for rows in seeds for r in rows
+             for k in r if k.startswith("val_acc_")]
+    metric = args.metric or (f"val_acc_{max(tiers)}" if tiers else "val_loss")  # the hardest tier, by default
+    metrics = list(dict.fromkeys([metric, "val_loss"]))
+    curves = {}
+    for (regime, router, preset, steps), seeds in groups.items():
+        label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps") if x)
+        common = sorted(set.intersection(*({r["step"] for r in rows if metric in r} for rows in seeds)))
+        if not common:
+            raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
+        at = [{r["step"]: r for r in rows} for rows in seeds]
+        curves[label] = {m: [(step, *mean_sd([a[step][m] for a in at]), len(at)) for step in common] for m in metrics}
+    for i, (label, c) in enumerate(curves.items()):
+        print(f"[{i}] {label}: {c[metric][0][3]} seed(s)")
+    for m in metrics:
+        scale, digits = (100, 1) if "acc" in m else (1, 4)  # accuracy in %
+        print(f"{m}{' (%)' if scale > 1 else ''}, mean ± sd over the seeds:")
+        steps = sorted({step for c in curves.values() for step, *_ in c[m]})
+        every = -(-len(steps) // args.rows)  # at most about --rows rows; the last step always
+        print(f"{'step':>8}" + "".join(f"{f'[{i}]':>18}" for i in range(len(curves))))
+        for j, step in enumerate(steps):
+            if j % every == 0 or j == len(steps) - 1:
+                at = [{s: (mu, sd) for s, mu, sd, _ in c[m]}.get(step) for c in curves.values()]
+                cells = [f"{scale * v[0]:.{digits}f} ± {scale * v[1]:.{digits}f}" if v else "-" for v in at]
+                print(f"{step:>8}" + "".join(f"{cell:>18}" for cell in cells))
+    plt = pyplot()
+    if plt is not None:
+        fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
+        for ax, m in zip(axes[0], metrics):
+            scale = 100 if "acc" in m else 1
+            for label, c in curves.items():
+                steps, mu, sd = (torch.tensor(col, dtype=torch.float64) for col in list(zip(*c[m]))[:3])
+                ax.plot(steps, scale * mu, label=f"{label} ({c[m][0][3]} seeds)")
+                ax.fill_between(steps, scale * (mu - sd), scale * (mu + sd), alpha=0.2)  # ± 1 sd
+            ax.set(xlabel="step", ylabel=m + (" (%)" if scale > 1 else ""), title=f"{m}, mean ± sd over seeds")
+        axes[0][0].legend(fontsize=7)
+        folder = Path(os.path.commonpath([Path(d).resolve() for d in args.run_dirs]))  # of all the runs
+        write_png(plt, fig, Path(args.out) if args.out else folder / "curves.png")
+    return curves
+
+
+# -----------------------------------------------------------------------------
 # prune: top-p pruning of the routers (the paper's first version, Table 5)
 
 
@@ -326,6 +411,13 @@ def main(argv=None):
     t.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed are averaged")
     t.add_argument("--split", choices=["test", "val"], default="test",
                    help="arithmetic: accuracy on the test split, or on the validation split (for choosing settings)")
+    c = sub.add_parser("curves", help="validation accuracy and loss against step, mean ± sd over seeds, from "
+                                      "runs' log.jsonl (finished or not)")
+    c.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed make one curve")
+    c.add_argument("--metric", help="what to plot beside val_loss: a key of the log's evaluations, e.g. val_acc_4 "
+                                    "(default: the validation accuracy of the hardest tier, where there is one)")
+    c.add_argument("--rows", type=int, default=20, help="at most about this many steps in the printed table")
+    c.add_argument("--out", help="where to save the PNG (default: curves.png in the folder holding all the runs)")
     s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
     s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
     s.add_argument("--top-p", type=float, default=0.9,
@@ -339,8 +431,8 @@ def main(argv=None):
     s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
     with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
-        if args.command in ("table", "prune"):
-            return cmd_table(args) if args.command == "table" else cmd_prune(args)
+        if args.command in ("table", "curves", "prune"):
+            return {"table": cmd_table, "curves": cmd_curves, "prune": cmd_prune}[args.command](args)
         for bad, message in ((args.num_seqs < 1, f"--num-seqs must be positive, got {args.num_seqs}"),
                              (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
                              (not args.alpha > 0, f"--alpha must be > 0, got {args.alpha}")):

@@ -177,23 +177,25 @@ def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world
 
 
 @torch.no_grad()
-def greedy_accuracy(model, items, judge, stop, max_new_tokens, device, batch_size=256, rank=0, world=1):
-    """Share of items (prompt ids, reference) for which judge(generated ids, reference) holds. The
-    generation is greedy and open-ended: it ends at the `stop` token (cut off before judging) or after
-    max_new_tokens. Prompts of equal length share a batch, so the KV cache needs no padding."""
-    by_length = {}
-    for prompt, reference in items[rank::world]:
-        by_length.setdefault(len(prompt), []).append((prompt, reference))
+def greedy_accuracy(model, items, judge, stop, device, batch_size=256, rank=0, world=1):
+    """Share of items (prompt ids, reference, most new tokens) for which judge(generated ids,
+    reference) holds. The generation is greedy and open-ended: it ends at the `stop` token (cut off
+    before judging) or after the item's most new tokens (or at the end of the block), and is judged on
+    what it wrote by then. Prompts of all lengths share a batch (generate's `lengths`); sorted by
+    length, so that the prompts in one batch differ little and the batch runs little past its own end."""
+    items = sorted(items[rank::world], key=lambda item: len(item[0]))
     correct = torch.zeros(2, device=device)  # (right answers, items)
-    for length, group in by_length.items():
-        n_new = min(max_new_tokens, model.config.block_size - length)
-        for i in range(0, len(group), batch_size):
-            chunk = group[i: i + batch_size]
-            idx = torch.tensor([ids for ids, _ in chunk], device=device)  # (len(chunk), length)
-            out = model.generate(idx, n_new, temperature=0, stop=stop)
-            for row, (_, reference) in zip(out[:, length:].tolist(), chunk):
-                correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
-            correct[1] += len(chunk)
+    for i in range(0, len(items), batch_size):
+        chunk = items[i: i + batch_size]
+        lengths = [len(prompt) for prompt, _, _ in chunk]
+        ends = [min(n + most, model.config.block_size) for n, (_, _, most) in zip(lengths, chunk)]
+        T = max(lengths)
+        idx = torch.tensor([prompt + [stop] * (T - len(prompt)) for prompt, _, _ in chunk], device=device)  # (B, T)
+        out = model.generate(idx, max(ends) - T, temperature=0, stop=stop, lengths=lengths)
+        for row, n, end, (_, reference, _) in zip(out.tolist(), lengths, ends, chunk):
+            row = row[n:end]
+            correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
+        correct[1] += len(chunk)
     if world > 1:
         dist.all_reduce(correct)
     return (correct[0] / correct[1].clamp(min=1)).item()

@@ -39,7 +39,8 @@ def regimes(args):
     for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
         for target in dict.fromkeys(args.targets.split(",")):
             task = arithmetic.Task(field=field, modulus=args.modulus, count=args.count, tiers=tiers, target=target)
-            out.append((f"{task.name}-{task.count}", task))
+            name = f"{task.name}-{task.count}-{'-'.join(map(str, tiers))}"  # e.g. int-steps-operators-4-5-6
+            out.append((name, task))
     return out
 
 

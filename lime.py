@@ -501,34 +501,43 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None, lengths=None):
         """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
-        With `stop` (a token id), ends early once every row has produced it."""
+        With `stop` (a token id), ends early once every row has produced it. With `lengths` (B,),
+        the rows are prompts of different lengths, padded on the right: row i's prompt is
+        idx[i, :lengths[i]], and its continuation starts there. No padding enters the cache: all rows
+        run from position 0, and a row takes its prompt's next token, not the model's, until its
+        prompt ends. So each row computes what it would alone."""
         if not temperature >= 0:
             raise ValueError(f"temperature={temperature}: 0 (greedy) or more")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k={top_k}: keep at least one token (top_k >= 1), or None for no cut")
-        if idx.shape[1] + max_new_tokens > self.config.block_size:
-            raise ValueError(f"prompt of {idx.shape[1]} + {max_new_tokens} new tokens exceeds "
-                             f"block_size={self.config.block_size}")
-        cache = KVCache(self.config)
-        step, done = idx, torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for _ in range(max_new_tokens):
+        B, T = idx.shape
+        if T + max_new_tokens > self.config.block_size:
+            raise ValueError(f"prompt of {T} + {max_new_tokens} new tokens exceeds block_size={self.config.block_size}")
+        lengths = torch.full((B,), T) if lengths is None else torch.as_tensor(lengths)
+        lengths, start = lengths.to(idx.device), int(lengths.min())
+        out = torch.cat([idx, idx.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
+        cache, step, end = KVCache(self.config), idx[:, :start], start
+        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        for t in range(start, T + max_new_tokens):
             logits = self(step, cache=cache)[0][:, -1].float()  # (B, vocab)
             if temperature == 0:
-                step = logits.argmax(dim=-1, keepdim=True)
+                new = logits.argmax(dim=-1)
             else:
                 logits = logits / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, -float("inf"))
-                step = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat([idx, step], dim=1)
+                new = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
+            generating = t >= lengths  # (B,): the rows past their prompt
+            out[:, t] = torch.where(generating, new, out[:, t])
+            step, end = out[:, t:t + 1], t + 1  # (B, 1)
             if stop is not None:
-                done |= step[:, 0] == stop
+                done |= generating & (new == stop)
                 if done.all():
                     break
-        return idx
+        return out[:, :end]
 
     # ---- analysis and accounting ---------------------------------------------------------
 

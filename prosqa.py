@@ -104,8 +104,8 @@ def correct(completion, answer):
 class Data(TaskRows):
     """ProsQA: training on the train split, validation loss on the valid split, and accuracy on the
     first eval_samples questions of the test split, which is where the paper reports it. `tests`
-    holds (prompt ids, reference answer); `max_new_tokens` bounds a generated completion at twice
-    the longest one in the valid and test splits (not train, which an evaluation need not load)."""
+    holds (prompt ids, reference answer, most new tokens): a generated completion is cut at twice the
+    longest one in the valid and test splits (not train, which an evaluation need not load)."""
 
     def __init__(self, cfg, with_train=True):
         self.T, n = cfg.block_size, cfg.eval_samples
@@ -114,14 +114,14 @@ class Data(TaskRows):
         self.train_size = len(self.train)
         test = load(cfg.data_dir, "test")[0][:n]
         answers = [r["answer"] for r in check(Path(cfg.data_dir) / "prosqa_test.json")[:n]]
-        self.tests = [(ids[:n_prompt].tolist(), answer) for (ids, n_prompt), answer in zip(test, answers)]
+        most = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
+        self.tests = [(ids[:n_prompt].tolist(), answer, most) for (ids, n_prompt), answer in zip(test, answers)]
         self.vocab_size = self.pad + 1  # GPT-2's end-of-text is the last of its tokens
         self.longest = max(len(ids) for ids, _ in self.train + self.val + test)
-        self.max_new_tokens = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
 
     def metrics(self, model, device, rank=0, world=1, final=True):
         """acc: the share of test questions whose greedy completion ends in the right answer (`correct`)."""
         enc = gpt2_encoding()
         return dict(acc=greedy_accuracy(model, self.tests, lambda ids, answer: correct(decode_tokens(enc, ids), answer),
-                                        self.pad, self.max_new_tokens, device, rank=rank, world=world))
+                                        self.pad, device, rank=rank, world=world))
 

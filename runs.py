@@ -464,6 +464,15 @@ def relative_change(value, base):
     return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
 
 
+def seed_group(run):
+    """(regime, router, preset, steps): what the runs averaged as seeds of one setting share. `run`: a
+    summary.json, or a config.json (its max_steps). Runs that differ in anything else are not averaged:
+    not in preset, length or tiers."""
+    task = run.get("task")
+    regime = arithmetic.Task.from_meta(task).label if task else ""  # e.g. 'int-steps, tiers 4,5,6 operands'
+    return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
+
+
 def results_table(summaries, split="test"):
     """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
     mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
@@ -481,10 +490,7 @@ def results_table(summaries, split="test"):
                          "the validation split existed, or not arithmetic)")
     rows = {}
     for s in summaries:
-        task = s.get("task")
-        regime = f"{arithmetic.Task.from_meta(task).name}, {task['count']}" if task else ""
-        # runs that differ in anything but the seed are not averaged: not in preset, length or tiers
-        rows.setdefault((regime, s["router"], s.get("preset"), s.get("steps")), []).append(s)
+        rows.setdefault(seed_group(s), []).append(s)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
         return single_run_table(summaries, metrics)
     accuracy = metrics[0] != "val_ppl"

@@ -110,12 +110,13 @@ def test_table_averages_over_seeds(tmp_path):
                 dirs.append(str(d))
     table = analyze.main(["table", *dirs])
     assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
-    assert "| mod11-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
-    assert "| int-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
-    assert "| mod11-answer, operators | none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    mod, int_ = "| mod11-answer, tiers 4,5,6 operators |", "| int-answer, tiers 4,5,6 operators |"
+    assert f"{mod} lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
+    assert f"{int_} none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    assert f"{mod} none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
     val = analyze.main(["table", "--split", "val", *dirs])
     twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
-    assert "| mod11-answer, operators | lime | 3 |" in twice and "| 6 |" not in twice
+    assert "| mod11-answer, tiers 4,5,6 operators | lime | 3 |" in twice and "| 6 |" not in twice
     lang = []
     for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
         lang.append(tmp_path / f"{preset}-{router}")
@@ -123,7 +124,43 @@ def test_table_averages_over_seeds(tmp_path):
         (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
     table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
     assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
-    assert "| int-answer, operators | lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+    assert f"{int_} lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+
+
+def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
+    task = dataclasses.asdict(arithmetic.Task(field="mod", count="operators", target="answer"))
+    dirs = []
+    # the second `none` seed is still running: its curve ends where that run's log does
+    for router, seeds in (("lime", ((.2, .5, .7), (.4, .7, .9))), ("none", ((.1, .2, .3), (.1, .4)))):
+        for seed, accs in enumerate(seeds):
+            d = tmp_path / f"{router}-{seed}"
+            d.mkdir()
+            config = dict(router=router, task=task, seed=seed, preset="arith", max_steps=300)
+            (d / "config.json").write_text(json.dumps(config))
+            rows = [dict(step=100 * i + 50, loss=2.0) for i in range(3)]  # training rows: not evaluations
+            rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_6=acc)
+                     for i, acc in enumerate(accs)]
+            (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')  # a cut last line
+            dirs.append(str(d))
+    curves = analyze.main(["curves", *dirs, dirs[0], "--out", str(tmp_path / "c.png")])  # a run given twice: once
+    label = "{}, mod11-answer, tiers 4,5,6 operators, preset arith, 300 steps"
+    lime, none = curves[label.format("lime")], curves[label.format("none")]
+    assert [(s, n) for s, _, _, n in lime["val_acc_6"]] == [(100, 2), (200, 2), (300, 2)]
+    assert [(s, n) for s, _, _, n in none["val_acc_6"]] == [(100, 2), (200, 2)]
+    assert lime["val_acc_6"][1][1:3] == pytest.approx((0.6, math.sqrt(0.02)))
+    assert none["val_loss"][1][1:3] == pytest.approx((0.7, math.sqrt(0.02)))
+    out = capsys.readouterr().out
+    assert "     200       60.0 ± 14.1       30.0 ± 14.1" in out
+    assert "     300       80.0 ± 14.1                 -" in out
+    assert "its last line was cut short" in out
+    acc_4 = analyze.main(["curves", *dirs[:2], "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])
+    assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
+    assert "no evaluation with val_acc_5 in all of its 2 run(s)" in error_of(
+        analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_5"], capsys, code=1)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(dict(router="lime")))
+    assert "not a run folder, or a run not started yet" in error_of(analyze.main, ["curves", str(tmp_path / "empty")],
+                                                                   capsys, code=1)
 
 
 def test_ablation_table_with_a_zero_reference(tmp_path):

@@ -74,15 +74,18 @@ def one_operation(before, after, modulus):
 def test_arithmetic_samples_are_correct_step_by_step():
     data = arithmetic.generate(arithmetic.Task(), seed=1, train_size=300, test_size=100)
     assert sorted(data) == ["test_4", "test_5", "test_6", "train", "val_4", "val_5", "val_6"]
+    slack = []
     for name, lines in data.items():
         for line in lines:
             steps = line.split(" = ")
-            answer = int(steps[-1])
+            answer, n_prompt = int(steps[-1]), len(steps[0].split()) + 1
             n_ops = [sum(t in arithmetic.OPS for t in s.split()) for s in steps]
             assert n_ops[0] in (3, 4, 5) and n_ops[-1] == 0
             assert all(a - b == 1 for a, b in zip(n_ops, n_ops[1:]))  # one operation per step
             assert all(evaluate_text(s) == answer for s in steps)
             assert arithmetic.split_sample(line) == (steps[0] + " =", answer)
+            slack.append(arithmetic.Task().most_new_tokens(steps[0] + " =") - (len(line.split()) - n_prompt + 1))
+    assert min(slack) == 0  # the bound on a solution's length (<eos> included) holds, and is tight
     assert {sum(t in arithmetic.OPS for t in l.split(" = ")[0].split()) + 1 for l in data["test_6"]} == {6}
     train = {l.split(" = ")[0] for l in data["train"]}
     tests = [l.split(" = ")[0] for n in (4, 5, 6) for split in ("test", "val") for l in data[f"{split}_{n}"]]
@@ -140,7 +143,7 @@ def test_answer_target_loss_covers_only_the_answer(tmp_path):
     arithmetic.prepare(tmp_path, task, seed=0, train_size=40, test_size=5)
     data = arithmetic.Data(SimpleNamespace(data_dir=str(tmp_path), block_size=24, eval_samples=5, preset="arith",
                                            task=None))
-    assert data.max_new_tokens == 1 and sorted(data.vals) == [2, 3]
+    assert task.most_new_tokens("1 + 2 * 3 =") == 1 and sorted(data.vals) == [2, 3]  # the answer: one token
     lines = (tmp_path / "train.txt").read_text().splitlines()
     x, y = data.collate([data.encode_row(line) for line in lines])
     for line, xi, yi in zip(lines, x, y):

@@ -1,13 +1,15 @@
 """Token data (data.py) and the downloads and tokenisation of prepare_data.py, against a local server."""
 
+import random
 import re
 
 import numpy as np
 import pytest
+import torch
 
 import prepare_data
-from conftest import error_of, small_encoding
-from data import MAGIC, load_tokens
+from conftest import error_of, small_encoding, small_model
+from data import MAGIC, greedy_accuracy, load_tokens
 
 def shard_bytes(tokens, magic=MAGIC, count=None):
     header = np.zeros(256, dtype="<i4")
@@ -80,3 +82,25 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path):
     assert train[0] == val[0] == enc.eot_token
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
+
+
+def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
+    """Every item's generation, judged, is the one it gets alone: its prompt, greedy, cut at the stop token
+    or after its own most new tokens or at the end of the block."""
+    model, rng = small_model("lime", block_size=24).eval(), random.Random(0)
+    items = [([rng.randrange(64) for _ in range(rng.randint(2, 14))], i, rng.randint(1, 14)) for i in range(16)]
+    stop = model.generate(torch.tensor([items[0][0]]), 3, temperature=0)[0, -1].item()  # a token it does write
+    judged = {}
+
+    def judge(ids, i):
+        judged[i] = ids
+        return len(ids) % 2 == 0
+
+    accuracy = greedy_accuracy(model, items, judge, stop, "cpu", batch_size=6)
+    alone = {}
+    for prompt, i, most in items:
+        row = model.generate(torch.tensor([prompt]), min(most, 24 - len(prompt)), temperature=0)[0, len(prompt):]
+        row = row.tolist()
+        alone[i] = row[: row.index(stop)] if stop in row else row
+    assert judged == alone and any(len(ids) < most for (_, i, most), ids in zip(items, alone.values()))
+    assert accuracy == pytest.approx(sum(len(ids) % 2 == 0 for ids in alone.values()) / len(items))

@@ -56,11 +56,11 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
             "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
             "--micro-batch-size=8", "--log-interval=1"]
-    (tmp_path / "data" / "mod11-answer-operators").mkdir(parents=True)  # a generation cut short: made again
-    (tmp_path / "data" / "mod11-answer-operators" / "train.txt").write_text("1 + 1 = 2\n")
+    (tmp_path / "data" / "mod11-answer-operators-2-3").mkdir(parents=True)  # a generation cut short: made again
+    (tmp_path / "data" / "mod11-answer-operators-2-3" / "train.txt").write_text("1 + 1 = 2\n")
     tables = grid.main(args)
     out = capsys.readouterr().out
-    regime = tmp_path / "out" / "mod11-answer-operators"
+    regime = tmp_path / "out" / "mod11-answer-operators-2-3"
     assert sorted(p.name for p in regime.iterdir()) == ["lime-seed1", "none-seed1"]
     for run in regime.iterdir():
         config = json.loads((run / "config.json").read_text())
@@ -75,7 +75,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
 
 
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
-    shutil.copytree(arith_dir, tmp_path / "int-steps-operands")  # 100 samples a tier, not the grid's 20000
+    shutil.copytree(arith_dir, tmp_path / "int-steps-operands-4-5-6")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
     err = error_of(grid.main, ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
                                str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)

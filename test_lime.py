@@ -71,6 +71,21 @@ def test_kv_cache_generation_equals_recomputation(mode):
     torch.testing.assert_close(stepped, model(ref[:, :6])[0][:, -1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["none", "lime", "dynamic"])
+def test_prompts_of_different_lengths_share_a_batch_as_if_each_ran_alone(mode):
+    model = small_model(mode).eval()
+    prompts = [tokens(B=1, T=n, seed=n)[0] for n in (3, 7, 5)]
+    idx = torch.stack([torch.cat([p, p.new_zeros(7 - len(p))]) for p in prompts])  # (3, 7), padded on the right
+    out = model.generate(idx, 10, temperature=0, lengths=[3, 7, 5])
+    assert out.shape == (3, 17)
+    for row, prompt in zip(out, prompts):
+        alone = model.generate(prompt[None], 10, temperature=0)[0]
+        assert torch.equal(row[:len(alone)], alone)
+    stop = out[0, 5].item()  # the first row's third new token: it ends there, the others go on
+    stopped = model.generate(idx, 10, temperature=0, lengths=[3, 7, 5], stop=stop)
+    assert torch.equal(stopped, out[:, :stopped.shape[1]]) and stopped.shape[1] > 6
+
+
 def test_generate_sampling_and_length_check():
     model = small_model("lime").eval()
     torch.manual_seed(3)

@@ -54,9 +54,11 @@ class ScriptedModel:
     def __init__(self, script, block_size):
         self.script, self.config, self.asked = script, dataclasses.make_dataclass("C", ["block_size"])(block_size), []
 
-    def generate(self, idx, max_new_tokens, temperature, stop):
-        self.asked.append((idx.shape, max_new_tokens, temperature, stop))
-        return torch.tensor([row + self.script[tuple(row)][:max_new_tokens] for row in idx.tolist()])
+    def generate(self, idx, max_new_tokens, temperature, stop, lengths):
+        self.asked.append((idx.shape, max_new_tokens, temperature, stop, lengths))
+        T = idx.shape[1] + max_new_tokens
+        return torch.tensor([(row[:n] + self.script[tuple(row[:n])] + [stop] * T)[:T]
+                             for row, n in zip(idx.tolist(), lengths)])
 
 
 def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2):
@@ -69,13 +71,13 @@ def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2):
     eot, long_prompt = enc.eot_token, [enc.eot_token] + [3] * 48
     script = {(eot, 1, 2): enc.encode_ordinary(right) + [eot] + enc.encode_ordinary("### Bo is a zo."),  # cut at <eot>
               tuple(long_prompt): enc.encode_ordinary("### Cy is a ri. and more, never ended")}
-    items = [([eot, 1, 2], answer), ([eot, 1, 2], "Bo is a zo."), (long_prompt, "Cy is a ri."),
-             (long_prompt, "Cy is a ri. and more, never ended")]
+    items = [([eot, 1, 2], answer, 100), ([eot, 1, 2], "Bo is a zo.", 100), (long_prompt, "Cy is a ri.", 100),
+             (long_prompt, "Cy is a ri. and more, never ended", 100)]
     model = ScriptedModel(script, block_size=64)
-    data = SimpleNamespace(tests=items, pad=eot, max_new_tokens=100)
+    data = SimpleNamespace(tests=items, pad=eot)
     # right: the first (what follows <eot> does not count) and the third (the block ends after "### Cy is a ri.")
     assert prosqa.Data.metrics(data, model, "cpu") == dict(acc=2 / 4)
-    assert model.asked == [((2, 3), 61, 0, eot), ((2, 49), 15, 0, eot)]  # prompts of one length share a batch
+    assert model.asked == [((4, 49), 15, 0, eot, [3, 3, 49, 49])]  # one batch, each prompt to the end of the block
     assert decode_tokens(enc, [72, 105, 999]) == "Hi\ufffd"  # an id past the vocabulary: no crash, no match
 
 
