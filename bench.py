@@ -7,6 +7,7 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
+    python bench.py --device cuda --suite --json bench_suite.json   # every figure of the README's Performance
 
 A training step is forward + backward + AdamW (fused on CUDA), timed from a synchronised
 device to a synchronised device. The median step is reported with its ratio to `none` (or
@@ -23,7 +24,7 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, one_line_errors, peak_flops,
-                 pick_device, synchronize)
+                 pick_device, read_json, synchronize)
 
 import argparse
 import json
@@ -50,7 +51,16 @@ SHAPES = {
     # Table 3's 1B with grouped-query attention, micro-batch 4 x 2048
     "1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, vocab_size=50304,
                block_size=2048, batch_size=4),
+    # the deep preset (Section 5.5's 32 layers): routing grows as O(L^2), so here its design is tested
+    "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, vocab_size=50304,
+                 block_size=2048, batch_size=16),
 }
+# --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone
+# or the routers, each compiled model alone in its own process)
+SUITE = [("150m", "kernels"), ("1b", "kernels"),
+         ("150m", "none,lime,first-4,last-4,dynamic,hc,dwa,value-residual"),
+         ("1b", "none,lime,hc,dwa,value-residual"),
+         ("deep", "none,lime,first-4,last-4")]
 
 
 def saved_bytes(model, idx):
@@ -237,6 +247,10 @@ def parse_args(argv):
                    help="run each mode alone in a fresh process on a CPU too (always so on CUDA or compiled)")
     p.add_argument("--kernels", action="store_true",
                    help="time the routing op alone (forward, backward, a copy for the bandwidth) instead of models")
+    p.add_argument("--suite", action="store_true",
+                   help="every figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
+                        "then the routers at 150m, 1b and deep, each model alone; with --json, run it again to go "
+                        "on after a cut: the parts that file holds are kept")
     p.add_argument("--json", help="also write the figures to this file as JSON")
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
@@ -287,6 +301,34 @@ def parse_args(argv):
     return args, shape
 
 
+def run_suite(args, argv, out):
+    """SUITE, part by part. With --json, the file is written after every part, and the parts it already
+    holds from this device and torch are kept, not measured again."""
+    kept = {}
+    if args.json and Path(args.json).exists():
+        old = read_json(args.json)
+        if (old.get("device"), old.get("torch"), old.get("dtype")) == (out["device"], out["torch"], out["dtype"]):
+            kept = {part["part"]: part for part in old.get("suite", [])}
+    out["suite"] = []
+    for shape_name, what in SUITE:
+        name, shape = f"{shape_name}: {what}", SHAPES[shape_name]
+        if name in kept:
+            print(f"{name}: kept from {args.json}")
+            part = kept[name]
+        elif what == "kernels":
+            part = dict(part=name, kernels=measure_kernels(shape, args, args.device))
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # the models' processes get the whole GPU
+        else:
+            results = [measure_alone(r, shape, args, [*argv, "--shape", shape_name]) for r in what.split(",")]
+            print_table(results, add_ratios(results), f"{name}: training step (median of {args.steps}) and generation")
+            part = dict(part=name, results=results)
+        out["suite"].append(part)
+        if args.json:
+            atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+    return out
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     with one_line_errors("bench.py"):
@@ -306,6 +348,8 @@ def main(argv=None):
         if args.kernels:
             out["kernels"] = measure_kernels(shape, args, args.device)
         try:
+            if args.suite:
+                return run_suite(args, argv, out)
             for depth in [shape["n_layer"], *args.depths] if not args.kernels else []:
                 depth_shape = {**shape, "n_layer": depth}
                 results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \

@@ -51,6 +51,39 @@ def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch):
     assert "lime: in a fresh process" in capsys.readouterr().out
 
 
+def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsys, monkeypatch):
+    """--suite: the routing op, then each router of each shape in its own process; a second run keeps the parts
+    the JSON holds (a command cut short by a time limit goes on from there)."""
+    tiny = dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16, vocab_size=32, block_size=8, batch_size=1)
+    monkeypatch.setitem(bench.SHAPES, "t1", tiny)
+    monkeypatch.setitem(bench.SHAPES, "t2", {**tiny, "n_layer": 3})
+    monkeypatch.setattr(bench, "SUITE", [("t1", "kernels"), ("t1", "none,lime"), ("t2", "first-2")])
+    commands = []
+
+    def run_in_this_process(cmd):
+        commands.append(cmd)
+        bench.main(cmd[2:])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run_in_this_process)
+    path, argv = tmp_path / "suite.json", ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0",
+                                           "--json", str(tmp_path / "suite.json")]
+    out = bench.main(argv)
+    assert [part["part"] for part in out["suite"]] == ["t1: kernels", "t1: none,lime", "t2: first-2"]
+    assert json.loads(path.read_text()) == json.loads(json.dumps(out))
+    assert [(c[c.index("--shape") + 1], c[-5]) for c in commands] == [
+        ("t1", "none"), ("t1", "lime"), ("t2", "first-2")]  # each model in its own process
+    rows = out["suite"][1]["results"]
+    assert [r["router"] for r in rows] == ["none", "lime"] and rows[1]["step_ratio"] > 0
+    assert [r["op"] for r in out["suite"][0]["kernels"]][:2] == ["copy", "forward, layer 0"]
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "suite": saved["suite"][:2]}))  # as if cut during the last part
+    commands.clear()
+    again = bench.main(argv)
+    assert [c[-5] for c in commands] == ["first-2"] and again["suite"][:2] == saved["suite"][:2]
+    assert "t1: none,lime: kept from" in capsys.readouterr().out
+
+
 def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
     """--kernels: the op alone for lime's first, middle and last layer, with the slots each moves."""
     path = tmp_path / "kernels.json"
