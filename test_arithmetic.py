@@ -122,6 +122,8 @@ def test_mod_samples_check_out_with_an_independent_evaluator(target):
             n_ops = [sum(t in "+-*/" for t in step.split()) for step in steps]
             assert n_ops[0] in (1, 4, 6) and (name == "train" or n_ops[0] == int(name[-1]))  # tiers count operators
             assert all(evaluate_text(step, P) == answer for step in steps)
+            assert len(line.split()) - len(steps[0].split()) - 1 + (target == "steps") <= \
+                task.most_new_tokens(steps[0] + " =")  # what follows '=', with <eos> after a solution
             if target == "answer":
                 assert len(steps) == 2 and n_ops[1] == 0
                 continue
