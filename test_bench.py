@@ -29,16 +29,22 @@ def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     assert "x none" in capsys.readouterr().out
 
 
-def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch):
-    """What CUDA does: each mode alone in a fresh process (here the process runs in this one, for time)."""
-    commands = []
+@pytest.fixture
+def commands(monkeypatch):
+    """The command lines of the fresh processes bench.py starts, each run in this process instead (for time)."""
+    started = []
 
     def run_in_this_process(cmd):
-        commands.append(cmd)
+        started.append(cmd)
         bench.main(cmd[2:])
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(bench.subprocess, "run", run_in_this_process)
+    return started
+
+
+def test_bench_fresh_process_per_mode(tmp_path, capsys, commands):
+    """What CUDA does: each mode alone in a fresh process (here the process runs in this one, for time)."""
     path = tmp_path / "bench.json"
     bench.main(["--device", "cpu", "--routers", "lime,none", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
                 "--steps", "1", "--gen-repeats", "0", "--fresh-processes", "--json", str(path)])
@@ -51,21 +57,13 @@ def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch):
     assert "lime: in a fresh process" in capsys.readouterr().out
 
 
-def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsys, monkeypatch):
+def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsys, monkeypatch, commands):
     """--suite: the routing op, then each router of each shape in its own process; a second run keeps the parts
     the JSON holds (a command cut short by a time limit goes on from there)."""
     tiny = dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16, vocab_size=32, block_size=8, batch_size=1)
     monkeypatch.setitem(bench.SHAPES, "t1", tiny)
     monkeypatch.setitem(bench.SHAPES, "t2", {**tiny, "n_layer": 3})
     monkeypatch.setattr(bench, "SUITE", [("t1", "kernels"), ("t1", "none,lime"), ("t2", "first-2")])
-    commands = []
-
-    def run_in_this_process(cmd):
-        commands.append(cmd)
-        bench.main(cmd[2:])
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(bench.subprocess, "run", run_in_this_process)
     path, argv = tmp_path / "suite.json", ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0",
                                            "--json", str(tmp_path / "suite.json")]
     out = bench.main(argv)
