@@ -21,7 +21,6 @@ from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, fold
 import argparse
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
@@ -274,10 +273,6 @@ def eval_rows(run_dir):
     return config, [r for r in rows if "val_loss" in r]
 
 
-def mean_sd(values):
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def cmd_curves(args):
     """{label: {metric: [(step, mean, sd, seeds)]}}: one curve per setting (runs.seed_group), the mean and
     the sample standard deviation over its seeds, at every step that all of its runs have evaluated."""
@@ -298,7 +293,8 @@ def cmd_curves(args):
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
         at = [{r["step"]: r for r in rows} for rows in seeds]
-        curves[label] = {m: [(step, *mean_sd([a[step][m] for a in at]), len(at)) for step in common] for m in metrics}
+        curves[label] = {m: [(step, *runs.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
+                         for m in metrics}
     for i, (label, c) in enumerate(curves.items()):
         print(f"[{i}] {label}: {c[metric][0][3]} seed(s)")
     for m in metrics:

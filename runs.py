@@ -473,6 +473,11 @@ def seed_group(run):
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
 
 
+def mean_sd(values):
+    """The mean and the sample standard deviation (0 for one value) of the seeds of one setting."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def results_table(summaries, split="test"):
     """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
     mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
@@ -499,16 +504,15 @@ def results_table(summaries, split="test"):
     head += ["lime ahead, last tier (pts)"] if accuracy else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     digits = 1 if accuracy else 3
-    means = {key: [statistics.mean(scale * s[m] for s in runs) for m in metrics] for key, runs in rows.items()}
+    stats = {key: [mean_sd([scale * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
     for (regime, router, *rest), runs in rows.items():
-        mean = means[regime, router, *rest]
         cells = [regime, router, str(len(runs))]
-        for m, mu in zip(metrics, mean):
-            sd = f" ± {statistics.stdev(scale * s[m] for s in runs):.{digits}f}" if len(runs) > 1 else ""
-            cells.append(f"{mu:.{digits}f}{sd}")
-        lime = means.get((regime, "lime", *rest))
-        if accuracy:
-            cells.append("-" if lime is None or router == "lime" else f"{lime[-1] - mean[-1]:+.1f}")
+        for mu, sd in stats[regime, router, *rest]:
+            cells.append(f"{mu:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(runs) > 1 else ""))
+        lime = stats.get((regime, "lime", *rest))
+        if accuracy:  # the means at the last tier
+            cells.append("-" if lime is None or router == "lime" else
+                         f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
