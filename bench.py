@@ -7,7 +7,8 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
-    python bench.py --device cuda --suite --json bench_suite.json   # every figure of the README's Performance
+    python bench.py --device cuda --routers none,lime --profile   # where a step's milliseconds go
+    python bench.py --device cuda --suite --profile --json bench_suite.json   # every figure of the README's Performance
 
 A training step is forward + backward + AdamW (fused on CUDA), timed from a synchronised
 device to a synchronised device. The median step is reported with its ratio to `none` (or
@@ -28,6 +29,7 @@ from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_pr
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 
 import baselines  # noqa: F401 (its methods join lime.ROUTERS: they are benchmarked too)
 import kernels
@@ -61,6 +64,20 @@ SUITE = [("150m", "kernels"), ("1b", "kernels"),
          ("150m", "none,lime,first-4,last-4,dynamic,hc,dwa,value-residual"),
          ("1b", "none,lime,hc,dwa,value-residual"),
          ("deep", "none,lime,first-4,last-4")]
+
+
+# --profile: a step's time by kind of work, the first kind whose pattern is found in a name. An op's own time
+# (on CUDA: the kernels it launched) goes to the kind of its outermost caller that has one, so the bmm inside
+# lime::route is routing; where no caller has a kind, the op's or the kernel's own name decides
+KINDS = [("routing", r"route"), ("attention", r"flash|fmha|sdpa|attention|cudnn"),
+         ("optimizer", r"optimizer|adam|multi_tensor"),
+         ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|linear|matmul|aten::b?mm|addb?mm|MmBackward|triton_tem"),
+         ("copies", r"memcpy|memset|clone|contiguous|(?<![a-z])cat|stack")]
+REST = "the rest"  # norms, RoPE, activations, the loss, casts: on CUDA mostly the compiler's fused kernels
+
+
+def kind_of(name):
+    return next((kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE)), None)
 
 
 def saved_bytes(model, idx):
@@ -96,6 +113,62 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def profile_steps(runner, idx, autocast, device, steps=3):
+    """Where `steps` training steps spend their time (see KINDS): per step, milliseconds and launches (on a
+    CPU, op calls) by kind, the busy total, and the ten longest kernels (ops). On CUDA the times are the
+    GPU's, so the step's time minus `busy_ms` is the GPU waiting: launches, synchronisation."""
+    on_gpu = device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * on_gpu
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            runner.train_step(idx, autocast)
+        synchronize(device)
+    kinds, names = {}, {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU or e.is_async:
+            continue
+        outermost, caller = None, e
+        while caller is not None:
+            outermost, caller = kind_of(caller.name) or outermost, caller.cpu_parent
+        own = [(k.name, k.duration) for k in e.kernels] if on_gpu else [(e.name, e.self_cpu_time_total)]
+        for name, us in own:
+            for table, key in ((kinds, outermost or kind_of(name) or REST), (names, name[:200])):
+                table.setdefault(key, []).append(us)
+    per_step = {table: {key: (sum(us) / 1000 / steps, len(us) // steps) for key, us in found.items()}
+                for table, found in (("kinds", kinds), ("names", names))}
+    kinds, attributed = per_step["kinds"], sum(ms for ms, _ in per_step["kinds"].values())
+    busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1000 / steps \
+        if on_gpu else attributed
+    if busy > 1.001 * attributed:  # kernels the profiler tied to no op
+        kinds["unattributed"] = (busy - attributed, 0)
+    top = sorted(per_step["names"].items(), key=lambda item: -item[1][0])[:10]
+    return dict(steps=steps, busy_ms=busy, kinds=kinds, top=[[name, ms, n] for name, (ms, n) in top])
+
+
+def print_profile(results, base):
+    """The profiles in `results` side by side: by kind, ms (launches) per step and the change from `base`;
+    then each mode's longest kernels (ops on a CPU)."""
+    ref = next(x for x in results if x["router"] == base)
+    print(f"where a step's time goes ({ref['profile']['steps']} steps profiled): ms per step (kernel launches; on a "
+          f"CPU, op calls), and the change from {base}")
+    print(f"{'':>14}" + "".join(f"{x['router']:>17}{'vs ' + base:>10}" for x in results))
+
+    def row(label, get):  # get(a mode's results) -> (ms, launches or None)
+        cells = [f"{get(x)[0]:10.2f}" + (f" ({get(x)[1]:4.0f})" if get(x)[1] is not None else " " * 7) +
+                 f"{get(x)[0] - get(ref)[0]:+10.2f}" for x in results]
+        print(f"{label:>14}" + "".join(cells))
+
+    for kind in [k for k, _ in KINDS] + [REST, "unattributed"]:
+        if any(kind in x["profile"]["kinds"] for x in results):
+            row(kind, lambda x: x["profile"]["kinds"].get(kind, (0.0, 0)))
+    row("busy", lambda x: (x["profile"]["busy_ms"], None))
+    row("step (timed)", lambda x: (x["ms_per_step"], None))
+    for x in results:
+        print(f"  {x['router']}'s longest: " + "; ".join(f"{ms:.2f} ms x{n:.0f} {name[:60]}"
+                                                        for name, ms, n in x["profile"]["top"][:5]))
+
+
 def measure(routers, shape, args, device):
     """Every router in `routers`, in this process, taking turns; one dict of figures per router."""
     is_cuda = device.startswith("cuda")
@@ -117,6 +190,7 @@ def measure(routers, shape, args, device):
             r.times.append(time.perf_counter() - t)
     memory = {r.router: torch.cuda.max_memory_allocated(device) for r in runners} if is_cuda else \
         {r.router: saved_bytes(r.model, idx) for r in runners}
+    profiles = {r.router: profile_steps(r, idx, autocast, device) for r in runners} if args.profile else {}
     for _ in range(args.gen_repeats):
         for r in runners:
             r.model.eval()
@@ -136,6 +210,8 @@ def measure(routers, shape, args, device):
                             gen_tokens_per_s=gen, params=r.model.num_params()["total"],
                             mfu=r.model.estimate_flops(T) * tok_s / peak if peak else None,
                             flops_per_token=r.model.estimate_flops(T)))
+        if args.profile:
+            results[-1]["profile"] = profiles[r.router]
     return results
 
 
@@ -251,6 +327,9 @@ def parse_args(argv):
                    help="every figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
                         "then the routers at 150m, 1b and deep, each model alone; with --json, run it again to go "
                         "on after a cut: the parts that file holds are kept")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile 3 steps of each mode: where the time goes, by kind of work (routing, attention, "
+                        "matmuls, ...), side by side with the first mode's")
     p.add_argument("--json", help="also write the figures to this file as JSON")
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
@@ -282,6 +361,7 @@ def parse_args(argv):
     checks = [(args.steps >= 1, "--steps must be at least 1"), (args.warmup >= 0, "--warmup must be 0 or more"),
               (args.gen_repeats >= 0, "--gen-repeats must be 0 or more"),
               (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
+              (not (args.kernels and args.profile), "--profile profiles training steps: not with --kernels"),
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
@@ -321,7 +401,10 @@ def run_suite(args, argv, out):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:
             results = [measure_alone(r, shape, args, [*argv, "--shape", shape_name]) for r in what.split(",")]
-            print_table(results, add_ratios(results), f"{name}: training step (median of {args.steps}) and generation")
+            base = add_ratios(results)
+            print_table(results, base, f"{name}: training step (median of {args.steps}) and generation")
+            if args.profile:
+                print_profile(results, base)
             part = dict(part=name, results=results)
         out["suite"].append(part)
         if args.json:
@@ -356,6 +439,8 @@ def main(argv=None):
                     measure(args.routers, depth_shape, args, args.device)
                 base = add_ratios(results)
                 print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
+                if args.profile:
+                    print_profile(results, base)
                 out["runs"].append(dict(n_layer=depth, results=results))
         except RuntimeError as e:  # a mode's process that failed (its output is above), or torch in this one
             fail("bench.py", f"error: {str(e).splitlines()[0]}", 1)

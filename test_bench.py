@@ -99,6 +99,29 @@ def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
     assert "backward, layer 0" in capsys.readouterr().out
 
 
+def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, commands):
+    """--profile: each mode's step by kind of work, every op counted once, and the routing lime's alone: the
+    matmuls inside lime::route count as routing, so lime calls as many matmuls as none."""
+    path = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--routers", "none,lime", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
+                "--steps", "1", "--warmup", "0", "--gen-repeats", "0", "--profile", "--fresh-processes", "--json",
+                str(path)])  # as on CUDA: each profile comes back from its own process with the mode's figures
+    profiles = {r["router"]: r["profile"] for r in json.loads(path.read_text())["runs"][0]["results"]}
+    for p in profiles.values():
+        assert {"matmul", "attention", "optimizer"} <= set(p["kinds"])
+        assert sum(ms for ms, _ in p["kinds"].values()) == pytest.approx(p["busy_ms"])
+    assert "routing" not in profiles["none"]["kinds"] and profiles["lime"]["kinds"]["routing"][0] > 0
+    assert profiles["lime"]["kinds"]["matmul"][1] == profiles["none"]["kinds"]["matmul"][1]  # the same calls
+    assert "where a step's time goes" in capsys.readouterr().out
+    # the names a GPU gives its kernels (H100, torch.compile), and a CPU's ops
+    assert [bench.kind_of(name) for name in [
+        "_route_bwd", "pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits>", "nvjet_tst_192x192_64x4_2x1_v_bz_TNT",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+        "Memcpy DtoD (Device -> Device)", "triton_poi_fused_cat_stack_3", "triton_red_fused__log_softmax_2",
+        "aten::scaled_dot_product_attention", "aten::mm"]] == [
+        "routing", "attention", "matmul", "matmul", "optimizer", "copies", "copies", None, "attention", "matmul"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--routers", ""], "--routers names no router"),
     (["--routers", ","], "--routers names no router"),
@@ -109,6 +132,7 @@ def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
     (["--device", "foo"], "--device='foo'"),
     (["--shape", "2b"], "unknown shape '2b'"),
     (["--depths", "12,x"], "--depths='12,x'"),
+    (["--kernels", "--profile"], "--profile profiles training steps: not with --kernels"),
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):
