@@ -122,6 +122,24 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, commands):
         "routing", "attention", "matmul", "matmul", "optimizer", "copies", "copies", None, "attention", "matmul"]
 
 
+def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypatch, capsys):
+    """--kernels --sweep: the Triton kernels (here in Triton's CPU interpreter) at every tile of TILES; the
+    kernels' own block sizes are left as they were."""
+    pytest.importorskip("triton")
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=4, batch_size=1))
+    monkeypatch.setattr(bench, "TILES", [(32, 2), (64, 8)])
+    monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
+    monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: [fn(), 1.0][1])  # each once: interpreted
+    chosen = bench.kernels.COLUMNS, bench.kernels.NUM_WARPS
+    out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1"])
+    assert [(r["op"], r["tile"]) for r in out["kernels"]][:5] == [
+        ("copy", "-"), ("forward, layer 0", "32/2"), ("backward, layer 0", "32/2"), ("forward, layer 0", "64/8"),
+        ("backward, layer 0", "64/8")]
+    assert (bench.kernels.COLUMNS, bench.kernels.NUM_WARPS) == chosen
+    assert "64/8" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--routers", ""], "--routers names no router"),
     (["--routers", ","], "--routers names no router"),
@@ -133,6 +151,7 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, commands):
     (["--shape", "2b"], "unknown shape '2b'"),
     (["--depths", "12,x"], "--depths='12,x'"),
     (["--kernels", "--profile"], "--profile profiles training steps: not with --kernels"),
+    (["--sweep"], "--sweep times the routing op: give --kernels too"),
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):
