@@ -25,8 +25,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, one_line_errors, peak_flops,
-                 pick_device, read_json, synchronize)
+from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, one_line_errors,
+                 peak_flops, pick_device, read_json, synchronize)
 
 import argparse
 import json
@@ -341,6 +341,9 @@ def parse_args(argv):
                    help="also profile 3 steps of each mode: where the time goes, by kind of work (routing, attention, "
                         "matmuls, ...), side by side with the first mode's")
     p.add_argument("--json", help="also write the figures to this file as JSON")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the --json file if it exists (without it: an error, except that --suite goes on "
+                        "from the parts a file of its own holds)")
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
     args = p.parse_args(argv)
 
@@ -389,17 +392,26 @@ def parse_args(argv):
             (Path(args.json).is_dir() and f"{args.json} is a folder")
         if problem:
             raise UsageError(f"--json={args.json}: {problem}")
+        if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):
+            raise UsageError(f"--json={args.json} already holds figures: give another file, or --overwrite to "
+                             "replace them")
     return args, shape
 
 
 def run_suite(args, argv, out):
     """SUITE, part by part. With --json, the file is written after every part, and the parts it already
-    holds from this device and torch are kept, not measured again."""
+    holds (from this device, torch and dtype: another's is an error) are kept, not measured again."""
     kept = {}
-    if args.json and Path(args.json).exists():
-        old = read_json(args.json)
-        if (old.get("device"), old.get("torch"), old.get("dtype")) == (out["device"], out["torch"], out["dtype"]):
-            kept = {part["part"]: part for part in old.get("suite", [])}
+    if args.json and Path(args.json).exists() and not args.overwrite:
+        old = read_json(args.json, keys=("device", "torch", "dtype", "suite"))
+        if not isinstance(old["suite"], list) or not all(isinstance(part, dict) and "part" in part
+                                                         for part in old["suite"]):
+            raise DataError(f"{args.json} is not what this repo writes: its 'suite' is not a list of parts")
+        held = old["device"], old["torch"], old["dtype"]
+        if held != (out["device"], out["torch"], out["dtype"]):  # figures from elsewhere: never lost
+            raise UsageError(f"--json={args.json} holds the suite of {held[0]}, torch {held[1]}, {held[2]}: give "
+                             "another file, or --overwrite to replace it")
+        kept = {part["part"]: part for part in old["suite"]}
     out["suite"] = []
     for shape_name, what in SUITE:
         name, shape = f"{shape_name}: {what}", SHAPES[shape_name]

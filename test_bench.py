@@ -140,6 +140,24 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     assert "64/8" in capsys.readouterr().out
 
 
+def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
+    """An existing --json file is kept: a plain run refuses it, --suite goes on only from its own (same device,
+    torch and dtype), and --overwrite replaces it."""
+    held = tmp_path / "b.json"
+    gpu = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "dtype": "bfloat16", "suite": []}
+    held.write_text(json.dumps(gpu))
+    quick = ["--device", "cpu", "--routers", "none", "--n-layer", "1", "--block-size", "4", "--batch-size", "1",
+             "--steps", "1", "--gen-repeats", "0", "--json", str(held)]
+    for flags, message in [([], "already holds figures: give another file, or --overwrite"),
+                           (["--suite"], "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16: give")]:
+        with pytest.raises(SystemExit) as e:
+            bench.main(quick + flags)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert json.loads(held.read_text()) == gpu
+    bench.main(quick + ["--overwrite"])
+    assert json.loads(held.read_text())["runs"][0]["results"][0]["router"] == "none"
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--routers", ""], "--routers names no router"),
     (["--routers", ","], "--routers names no router"),

@@ -241,6 +241,14 @@ DAMAGED = [
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is a folder"),
+    ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,
+     "notes.md is not valid JSON"),
+    ("bench", then(lambda d, r, t: write(t / "s.json", "[]"),
+                   lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
+     "s.json is not what this repo writes: it has no 'device'"),
+    ("bench", then(lambda d, r, t: write(t / "s.json", '{"device": 1, "torch": 1, "dtype": 1, "suite": [1]}'),
+                   lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
+     "s.json is not what this repo writes: its 'suite' is not a list of parts"),
 ]
 
 
