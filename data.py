@@ -134,6 +134,7 @@ class TaskRows:
     `pad` (the end token), `train_size`, and `longest` (tokens, the end token included) and
     `vocab_size` for the caller to check against the model; and says what it scores (metrics)."""
     label = regime = None  # a task with variants: what to print about the one loaded, and its fields (a dict)
+    table = None  # every training row, padded, built at the first batch (see batch)
 
     def collate(self, rows):
         """Inputs padded with the end token; targets only after the prompt, -1 elsewhere."""
@@ -145,7 +146,20 @@ class TaskRows:
         return x, y
 
     def batch(self, rng, n):
-        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), n)])
+        """collate() of n training rows drawn at random, cut from a table of them all: collating row by row
+        took 45 ms for 1024 arithmetic rows on a CPU, longer than the paper's arithmetic model takes a step."""
+        if self.table is None:
+            lengths = np.array([len(ids) for ids, _ in self.train])
+            table = np.full((len(self.train), self.T + 1), self.pad, dtype=np.int32)  # (N, T + 1)
+            table[np.arange(self.T + 1) < lengths[:, None]] = np.concatenate([ids for ids, _ in self.train])
+            self.table = torch.from_numpy(table), torch.from_numpy(lengths), torch.tensor([p for _, p in self.train])
+        table, lengths, prompts = self.table
+        i = torch.from_numpy(rng.integers(0, len(self.train), n))
+        rows, t = table[i].long(), torch.arange(self.T)  # (n, T + 1), (T,)
+        n_ids, n_prompt = lengths[i, None], prompts[i, None]  # each (n, 1)
+        x = torch.where(t < n_ids - 1, rows[:, :-1], self.pad)  # (n, T): the sample but its last token
+        y = torch.where((t >= n_prompt - 1) & (t < n_ids - 1), rows[:, 1:], -1)  # (n, T): what follows the prompt
+        return x, y
 
     def val_batches(self, size, rank, world):
         for i in range(rank * size, len(self.val), size * world):

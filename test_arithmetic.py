@@ -8,7 +8,9 @@ import json
 import operator
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 import arithmetic
 import prepare_data
@@ -157,6 +159,22 @@ def test_answer_target_loss_covers_only_the_answer(tmp_path):
                                             task=None))
     steps.task = dataclasses.replace(task, target="steps")  # the same rows as solutions end with <eos>, learned too
     assert [t for t in steps.collate([steps.encode_row(lines[0])])[1][0].tolist() if t >= 0][-1] == steps.vocab.eos
+
+
+def test_a_batch_is_its_rows_collated_one_by_one(arith_dir):
+    """batch() cuts its rows from one table of every training row: the tensors collate() makes of the same rows
+    (the same draws of the generator), with the longest sample filling the block to its last token, or not."""
+    longest = arithmetic.Data(SimpleNamespace(data_dir=str(arith_dir), block_size=128, eval_samples=1, task=None,
+                                              preset="arith")).longest
+    for block in (longest - 1, longest + 5):
+        data = arithmetic.Data(SimpleNamespace(data_dir=str(arith_dir), block_size=block, eval_samples=1,
+                                               preset="arith", task=None))
+        for seed in range(3):
+            x, y = data.batch(np.random.default_rng(seed), 256)
+            rows = [data.train[i] for i in np.random.default_rng(seed).integers(0, len(data.train), 256)]
+            want_x, want_y = data.collate(rows)
+            assert x.dtype == want_x.dtype and torch.equal(x, want_x) and torch.equal(y, want_y)
+        assert (y[:, -1] >= 0).any() == (block == longest - 1)  # some row ends with the block's last position
 
 
 def test_a_data_folder_from_before_the_knobs_loads_as_it_was(tmp_path, capsys):
