@@ -349,6 +349,21 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_path, capsys, monkeypatch):
+    """--preset=arith sets 200 epochs: --max-steps given instead is the run's length, not silently ignored
+    (and likewise --warmup-steps over --preset=prosqa's warm-up epoch); both at once is an error."""
+    monkeypatch.chdir(tmp_path)
+    for argv, want in [(["--preset=arith", "--max-steps=40"], dict(max_steps=40, epochs=0.0)),
+                       (["--preset=arith"], dict(epochs=200)),
+                       (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10))]:
+        train.main([*argv, "--dry-run"])
+        config = json.loads(capsys.readouterr().out.splitlines()[0].removeprefix("config: "))
+        assert {k: config[k] for k in want} == want
+    err = error_of(train.main, ["--preset=arith", "--max-steps=40", "--epochs=2", "--dry-run"], capsys)
+    assert "--max-steps and --epochs both say how long: give one of them" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path):
     """--resume without --preset or --data-dir continues on the run's own data. Ending a run early with a
     lower --max-steps at a step that had an intermediate evaluation evaluates it again, as a final one."""

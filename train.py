@@ -55,9 +55,10 @@ class TrainConfig(GPTConfig):
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
                                    rule=POSITIVE)
     max_steps: int = option(6000, "length of the run; the learning-rate schedule follows it", rule=POSITIVE, **FREE)
-    epochs: float = option(0.0, "tasks: if > 0, sets max_steps to this many epochs (of len(train) samples)",
-                           rule=NON_NEGATIVE)
-    warmup_epochs: float = option(0.0, "tasks: if > 0, sets warmup_steps to this many epochs", rule=NON_NEGATIVE)
+    epochs: float = option(0.0, "tasks: if > 0, sets max_steps to this many epochs (of len(train) samples); "
+                                "a --max-steps given instead overrides a preset's", rule=NON_NEGATIVE)
+    warmup_epochs: float = option(0.0, "tasks: if > 0, sets warmup_steps to this many epochs; a --warmup-steps "
+                                       "given instead overrides a preset's", rule=NON_NEGATIVE)
     stop_at: int = option(0, "end this session after this step with a checkpoint (0: run to max_steps)",
                           rule=NON_NEGATIVE, **FREE)
     lr: float = option(1e-3, "peak learning rate", rule=POSITIVE)
