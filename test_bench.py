@@ -99,13 +99,15 @@ def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
     assert "backward, layer 0" in capsys.readouterr().out
 
 
-def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, commands):
+def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, commands):
     """--profile: each mode's step by kind of work, every op counted once, and the routing lime's alone: the
     matmuls inside lime::route count as routing, so lime calls as many matmuls as none."""
     path = tmp_path / "bench.json"
-    bench.main(["--device", "cpu", "--routers", "none,lime", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
-                "--steps", "1", "--warmup", "0", "--gen-repeats", "0", "--profile", "--fresh-processes", "--json",
-                str(path)])  # as on CUDA: each profile comes back from its own process with the mode's figures
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=8, batch_size=1))
+    bench.main(["--device", "cpu", "--shape", "t", "--routers", "none,lime", "--steps", "1", "--warmup", "0",
+                "--gen-repeats", "0", "--profile", "--fresh-processes", "--json", str(path)])
+    # (as on CUDA: each profile comes back from its own process with the mode's figures)
     profiles = {r["router"]: r["profile"] for r in json.loads(path.read_text())["runs"][0]["results"]}
     for p in profiles.values():
         assert {"matmul", "attention", "optimizer"} <= set(p["kinds"])
