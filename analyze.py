@@ -278,6 +278,8 @@ def cmd_curves(args):
     the sample standard deviation over its seeds, at every step that all of its runs have evaluated."""
     if args.rows < 1:
         raise UsageError(f"--rows must be positive, got {args.rows}")
+    if args.out and Path(args.out).suffix.lower() != ".png":  # never a PNG written over notes.md
+        raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
     groups = {}
     for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs):  # a folder given twice is still one run
         config, rows = eval_rows(d)

@@ -101,6 +101,8 @@ BAD_INPUTS = [
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0, got -1"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
+    ("analyze", lambda a, r, t: ["curves", str(r), "--out", str(t / "notes.md")], 2,
+     "notes.md: the picture is a PNG: give a path ending in .png"),
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
