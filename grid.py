@@ -10,13 +10,14 @@ processes (`--jobs`), each into `<out-dir>/<regime>/<router>-seed<N>` with its o
 there. Finally it prints accuracy per tier, mean ± sd over seeds, on the validation split (what a
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
-interrupted one resumes from its checkpoint. A finished run is kept whatever the new flags say, so give
-another --out-dir for another budget. Everything is checked before anything is written: its flags, the
+interrupted one resumes from its checkpoint. A finished run is kept, never redone: another --epochs
+over finished runs is an error, so give another --out-dir for another budget (the flags after '--' are
+not compared: keep them as they were). Everything is checked before anything is written: its flags, the
 routers, the flags after '--' (by train.py --dry-run), and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, folder_problem, one_line_errors
+from cli import DataError, Parser, UsageError, folder_problem, one_line_errors, read_json
 
 import argparse
 import dataclasses
@@ -117,7 +118,11 @@ def main(argv=None):
         for name, router, seed, _ in runs:
             out = Path(args.out_dir) / name / f"{router}-seed{seed}"
             if (out / "summary.json").exists():
-                read_summary(out)  # a finished run is kept: it has to be readable
+                read_summary(out)  # a finished run is kept: it has to be readable, and of this budget
+                epochs = read_json(out / "config.json", keys=("epochs",))["epochs"]
+                if epochs != args.epochs and "--epochs" not in " ".join(extra):
+                    raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
+                                     "finished run is kept, so give another --out-dir for another budget")
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
         for router in routers:
             check_flags(train_command(router, seed, data_dir, Path(args.out_dir) / name / f"{router}-seed{seed}",

@@ -72,6 +72,10 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     before = snapshot(regime)
     assert grid.main(args) == tables and snapshot(regime) == before  # finished runs are kept, not redone
     assert "2 finished before; 0 to go" in capsys.readouterr().out
+    other = [a if a != "0.5" else "1" for a in args]  # --epochs 1: not the budget those runs had
+    assert f"{regime / 'lime-seed1'} is a finished run of --epochs 0.5, not 1: a finished run is kept, so give " \
+        "another --out-dir" in error_of(grid.main, other, capsys)
+    assert snapshot(regime) == before
 
 
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
