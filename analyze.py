@@ -270,7 +270,12 @@ def eval_rows(run_dir):
     rows, notice = runs.read_log(run_dir / "log.jsonl")
     if notice:
         print(notice)
-    return config, [r for r in rows if "val_loss" in r]
+    rows = [r for r in rows if "val_loss" in r]
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith("val_") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {key} is not a number ({value!r})")
+    return config, rows
 
 
 def cmd_curves(args):
