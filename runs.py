@@ -30,7 +30,10 @@ from cli import (DataError, Parser, UsageError, atomic_write, folder_problem, on
 from data import TokenData
 from lime import GPT, GPTConfig
 
-RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json"]  # a folder with any of these holds a run
+# a folder with any of these holds a run, or what analyze.py made of one: --overwrite deletes them all, and
+# without it nothing is written there
+RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json", "config.json", "prune.json", "routes.png", "entropy.png",
+             "probe.png", "prune.png"]
 DATASETS = {"fineweb-edu": TokenData, "shakespeare": TokenData, "arithmetic": arithmetic.Data, "prosqa": prosqa.Data}
 
 
@@ -399,7 +402,7 @@ def run_files(out_dir):
 
 def clear_run(out_dir):
     """--overwrite: the old run's files go, so that nothing in the folder describes it any more."""
-    for name in (*RUN_FILES, "config.json", "prune.json", "routes.png", "entropy.png", "probe.png", "prune.png"):
+    for name in RUN_FILES:
         (Path(out_dir) / name).unlink(missing_ok=True)
 
 

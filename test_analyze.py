@@ -192,3 +192,8 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     before = snapshot(new)
     err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
     assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before
+    mine = tmp_path / "mine"  # no checkpoint, but files --overwrite would delete: refused too
+    mine.mkdir()
+    (mine / "prune.json").write_text('{"mine": 1}')
+    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine)], capsys)
+    assert f"--save={mine} already holds a run (prune.json)" in err and (mine / "prune.json").read_text() == '{"mine": 1}'
