@@ -196,4 +196,5 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     mine.mkdir()
     (mine / "prune.json").write_text('{"mine": 1}')
     err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine)], capsys)
-    assert f"--save={mine} already holds a run (prune.json)" in err and (mine / "prune.json").read_text() == '{"mine": 1}'
+    assert f"--save={mine} already holds a run (prune.json)" in err
+    assert (mine / "prune.json").read_text() == '{"mine": 1}'
