@@ -12,8 +12,9 @@ setting is chosen on) and on the test split (what is reported); `python analyze.
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
 interrupted one resumes from its checkpoint. A finished run is kept, never redone: another --epochs
 over finished runs is an error, so give another --out-dir for another budget (the flags after '--' are
-not compared: keep them as they were). Everything is checked before anything is written: its flags, the
-routers, the flags after '--' (by train.py --dry-run), and what the folders hold already.
+not compared with a finished run's: keep them as they were). Everything is checked before anything is
+written: its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the
+grid sets run by run: --router, --seed, --epochs, the folders), and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -21,6 +22,7 @@ from cli import DataError, Parser, UsageError, folder_problem, one_line_errors, 
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -115,18 +117,23 @@ def main(argv=None):
             prepare(Path(args.data_root) / name, task, args, generate=False)
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
                 for seed in seeds]
+        name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
+        for router in routers:
+            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+            config = check_flags(train_command(router, seed, data_dir, out, args, extra))
+            ours = dict(preset="arith", router=router, seed=seed, data_dir=str(data_dir.resolve()), out_dir=str(out),
+                        epochs=args.epochs)  # what the grid sets per run: a flag after '--' may not change it
+            taken = [f"--{k.replace('_', '-')}" for k, v in ours.items() if config.get(k) != v]
+            if taken:
+                raise UsageError(f"the flags for train.py: {', '.join(taken)} is the grid's to set, run by run")
         for name, router, seed, _ in runs:
             out = Path(args.out_dir) / name / f"{router}-seed{seed}"
             if (out / "summary.json").exists():
                 read_summary(out)  # a finished run is kept: it has to be readable, and of this budget
                 epochs = read_json(out / "config.json", keys=("epochs",))["epochs"]
-                if epochs != args.epochs and "--epochs" not in " ".join(extra):
+                if epochs != args.epochs:
                     raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
                                      "finished run is kept, so give another --out-dir for another budget")
-        name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
-        for router in routers:
-            check_flags(train_command(router, seed, data_dir, Path(args.out_dir) / name / f"{router}-seed{seed}",
-                                      args, extra))
         fits = {}
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args)
@@ -144,11 +151,12 @@ def train_command(router, seed, data_dir, out, args, extra, fit=()):
 
 def check_flags(cmd):
     """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything.
-    Its one line, if any, becomes grid.py's, with its exit code."""
+    Its one line, if any, becomes grid.py's, with its exit code; otherwise the run's config (a dict)."""
     done = subprocess.run([*cmd, "--overwrite", "--dry-run"], capture_output=True, text=True)
     if done.returncode:
         line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
         raise (DataError if done.returncode == 1 else UsageError)(f"the flags for train.py: {line}")
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("config: "))[8:])
 
 
 def run_grid(runs, args, extra):

@@ -91,6 +91,8 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
     (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
     (["--", "--resume"], "the flags for train.py: --resume continues the run in --out-dir and --overwrite deletes"),
+    (["--", "--see=5"], "the flags for train.py: --seed is the grid's to set, run by run"),  # an abbreviation too
+    (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
     (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p prunes learned "
