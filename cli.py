@@ -99,8 +99,9 @@ def option(default, help, **rules):
     return field(default=default, metadata=dict(help=help, **rules))
 
 
-POSITIVE = ("positive", lambda x: x > 0)  # (written so that a NaN fails too)
-NON_NEGATIVE = (">= 0", lambda x: x >= 0)
+POSITIVE = ("positive", lambda x: 0 < x < float("inf"))  # (written so that a NaN fails too, and infinity)
+NON_NEGATIVE = (">= 0", lambda x: 0 <= x < float("inf"))
+SEED = ("in 0 .. 2**63 - 1", lambda x: 0 <= x < 2**63)  # what torch.manual_seed and numpy both take
 
 
 def check_fields(config, name=str):
@@ -108,7 +109,8 @@ def check_fields(config, name=str):
     for f in fields(config):
         value, rule, choices = getattr(config, f.name), f.metadata.get("rule"), f.metadata.get("choices")
         if rule and not rule[1](value):
-            raise ValueError(f"{name(f.name)} must be {rule[0]}, got {value}")
+            what = "finite" if value in (float("inf"), -float("inf")) else rule[0]
+            raise ValueError(f"{name(f.name)} must be {what}, got {value}")
         if choices and value not in choices:
             raise ValueError(f"{name(f.name)}={value!r}: choose from {', '.join(choices)}")
 

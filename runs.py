@@ -123,7 +123,7 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError("--resume continues the run in --out-dir and --overwrite deletes it: give one of them")
     cfg = {**defaults, **given}
     for steps, epochs in (("max_steps", "epochs"), ("warmup_steps", "warmup_epochs")):
-        if steps in given and given.get(epochs, 0) > 0:
+        if steps in given and epochs in given:
             raise UsageError(f"{flag(steps)} and {flag(epochs)} both say how long: give one of them")
         if steps in given and epochs in cfg:
             cfg[epochs] = 0.0  # a length in steps on the command line wins over the preset's in epochs

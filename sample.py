@@ -15,7 +15,8 @@ task vocabulary. Generation uses the KV cache.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, show_metrics, synchronize
+from cli import (SEED, DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, show_metrics,
+                 synchronize)
 
 import argparse
 import random
@@ -145,6 +146,8 @@ def main(argv=None):
             raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
         if args.top_k is not None and args.top_k < 1:
             raise UsageError(f"--top-k must be positive, got {args.top_k}")
+        if not SEED[1](args.seed):
+            raise UsageError(f"--seed must be {SEED[0]}, got {args.seed}")
         device = pick_device(args.device)
         cfg, model = runs.load_checkpoint(args.out_dir, device, args.data_dir)
         autocast = autocast_for(device)

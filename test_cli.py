@@ -61,7 +61,10 @@ def train_args(*flags):
 # Every bad input of issue 12, through the scripts' main(argv). In argv(a, r, t), a is the arithmetic
 # data, r a finished run and t a scratch folder holding a file notes.md. Exit code 2: bad usage.
 BAD_INPUTS = [
-    ("train", train_args("--seed=-1"), 2, "--seed must be >= 0, got -1"),
+    ("train", train_args("--seed=-1"), 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
+    ("train", train_args("--seed=99999999999999999999"), 2, "--seed must be in 0 .. 2**63 - 1, got 9999"),
+    ("train", train_args("--grad-clip=inf"), 2, "--grad-clip must be finite, got inf"),
+    ("train", train_args("--lr=inf"), 2, "--lr must be finite, got inf"),
     ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
     ("train", train_args("--n-head=0"), 2, "--n-head must be positive, got 0"),
     ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
@@ -79,6 +82,7 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
      "--top-k must be positive"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,

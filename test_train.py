@@ -359,8 +359,9 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
         train.main([*argv, "--dry-run"])
         config = json.loads(capsys.readouterr().out.splitlines()[0].removeprefix("config: "))
         assert {k: config[k] for k in want} == want
-    err = error_of(train.main, ["--preset=arith", "--max-steps=40", "--epochs=2", "--dry-run"], capsys)
-    assert "--max-steps and --epochs both say how long: give one of them" in err
+    for epochs in ("2", "-5"):  # (a value that would be refused is refused, not overridden)
+        err = error_of(train.main, ["--preset=arith", "--max-steps=40", f"--epochs={epochs}", "--dry-run"], capsys)
+        assert "--max-steps and --epochs both say how long: give one of them" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -18,8 +18,8 @@ signals, checkpoints, the run's folder) is in runs.py.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (NON_NEGATIVE, POSITIVE, UsageError, autocast_for, check_fields, option, peak_flops, pick_device,
-                 show_metrics, synchronize)
+from cli import (NON_NEGATIVE, POSITIVE, SEED, UsageError, autocast_for, check_fields, option, peak_flops,
+                 pick_device, show_metrics, synchronize)
 
 import json
 import math
@@ -86,7 +86,7 @@ class TrainConfig(GPTConfig):
     dtype: str = option("auto", "autocast dtype (auto: bfloat16 on CUDA, else float32)",
                         choices=("auto", "bfloat16", "float32"))
     compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=("auto", "on", "off"), **FREE)
-    seed: int = option(1337, "seed of the initial weights and the data order", rule=NON_NEGATIVE)
+    seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
                                 "fresh optimiser)")
     task: dict = None  # not a flag: the task's regime as its data names it (arithmetic), recorded by train()
