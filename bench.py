@@ -375,6 +375,7 @@ def parse_args(argv):
               (args.gen_repeats >= 0, "--gen-repeats must be 0 or more"),
               (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
               (not (args.kernels and args.profile), "--profile profiles training steps: not with --kernels"),
+              (not (args.kernels and args.suite), "--suite times the routing op itself: not with --kernels"),
               (args.kernels or args.suite or not args.sweep, "--sweep times the routing op: give --kernels too"),
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
@@ -403,7 +404,10 @@ def run_suite(args, argv, out):
     holds (from this device, torch and dtype: another's is an error) are kept, not measured again."""
     kept = {}
     if args.json and Path(args.json).exists() and not args.overwrite:
-        old = read_json(args.json, keys=("device", "torch", "dtype", "suite"))
+        old = read_json(args.json, keys=("device", "torch", "dtype"))
+        if "suite" not in old:
+            raise UsageError(f"--json={args.json} holds figures that are not a suite's: give another file, or "
+                             "--overwrite to replace them")
         if not isinstance(old["suite"], list) or not all(isinstance(part, dict) and "part" in part
                                                          for part in old["suite"]):
             raise DataError(f"{args.json} is not what this repo writes: its 'suite' is not a list of parts")
