@@ -327,6 +327,7 @@ def cmd_curves(args):
             ax.set(xlabel="step", ylabel=m + (" (%)" if scale > 1 else ""), title=f"{m}, mean ± sd over seeds")
         axes[0][0].legend(fontsize=7)
         folder = Path(os.path.commonpath([Path(d).resolve() for d in args.run_dirs]))  # of all the runs
+        folder = Path.cwd() if folder == Path(folder.anchor) else folder  # (runs in unrelated trees: not in /)
         write_png(plt, fig, Path(args.out) if args.out else folder / "curves.png")
     return curves
 
@@ -420,7 +421,8 @@ def main(argv=None):
     c.add_argument("--metric", help="what to plot beside val_loss: a key of the log's evaluations, e.g. val_acc_4 "
                                     "(default: the validation accuracy of the hardest tier, where there is one)")
     c.add_argument("--rows", type=int, default=20, help="at most about this many steps in the printed table")
-    c.add_argument("--out", help="where to save the PNG (default: curves.png in the folder holding all the runs)")
+    c.add_argument("--out", help="where to save the PNG (default: curves.png in the folder holding all the runs, "
+                                       "or here if only / holds them all)")
     s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
     s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
     s.add_argument("--top-p", type=float, default=0.9,

@@ -258,13 +258,13 @@ class Signals:
             self.stop(self.pending)
 
 
-def read_log(path):
+def read_log(path, advice=""):
     """The rows of a log.jsonl, and a notice if its last line was cut short (what a power cut leaves),
-    which is dropped; a line in the middle that is not a row is a DataError."""
+    which is dropped; a line in the middle that is not a row is a DataError, ending with `advice`."""
     try:
         lines, rows, notice = Path(path).read_text().splitlines(), [], None
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} cannot be read as a log ({e}); move it away to resume without it") from None
+        raise DataError(f"{path} cannot be read as a log ({e}){advice}") from None
     for i, line in enumerate(lines):
         try:
             row = json.loads(line)
@@ -272,8 +272,7 @@ def read_log(path):
                 raise ValueError("no step")
         except ValueError:
             if i < len(lines) - 1:
-                raise DataError(f"{path}, line {i + 1}: not a row of the log ({line[:40]!r}); move the log away to "
-                                "resume without it") from None
+                raise DataError(f"{path}, line {i + 1}: not a row of the log ({line[:40]!r}){advice}") from None
             notice = f"{path}: its last line was cut short, so it is dropped: {line[:40]!r}"
             continue
         rows.append(row)
@@ -294,7 +293,7 @@ class Run:
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         if resume is not None and (self.out_dir / "log.jsonl").exists():
-            rows, self.notice = read_log(self.out_dir / "log.jsonl")
+            rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
             self.rows = [row for row in rows if row["step"] < self.saved_step or
                          row["step"] == self.saved_step and not (final and "val_loss" in row)]

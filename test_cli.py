@@ -225,6 +225,8 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(d / "meta.json", "{"),
                      lambda d, r, t: ["entropy", "--out-dir", str(r), "--data-dir", str(d)]), 1,
      "meta.json is not valid JSON"),
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 1}\n{"st\n{"step": 2}\n'),
+                     lambda d, r, t: ["curves", str(r)]), 1, "log.jsonl, line 2: not a row of the log ('{\"st')"),
     ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 2, "val_loss": "abc"}\n'),
                      lambda d, r, t: ["curves", str(r)]), 1, "log.jsonl, step 2: val_loss is not a number ('abc')"),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "li'), lambda d, r, t: ["table", str(r)]), 1,
