@@ -16,11 +16,12 @@ in LIMe, the layer's own values in the baseline.
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors,
-                 pick_device, read_json, show_value)
+                 pick_device, show_value)
 
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -264,7 +265,7 @@ def cmd_table(args):
 
 def eval_rows(run_dir):
     """A run's config.json and the evaluations its log.jsonl holds (finished or not)."""
-    config = read_json(run_dir / "config.json", keys=("router",))
+    config = runs.read_record(run_dir / "config.json")
     if not (run_dir / "log.jsonl").exists():
         raise DataError(f"no {run_dir / 'log.jsonl'}: not a run folder, or a run not started yet")
     rows, notice = runs.read_log(run_dir / "log.jsonl")
@@ -290,7 +291,7 @@ def cmd_curves(args):
         config, rows = eval_rows(d)
         groups.setdefault(runs.seed_group(config), []).append(rows)
     tiers = [int(k.removeprefix("val_acc_")) for seeds in groups.values() for rows in seeds for r in rows
-             for k in r if k.startswith("val_acc_")]
+             for k in r if re.fullmatch(r"val_acc_\d+", k)]
     metric = args.metric or (f"val_acc_{max(tiers)}" if tiers else "val_loss")  # the hardest tier, by default
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}

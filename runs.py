@@ -448,7 +448,21 @@ def read_summary(run_dir):
     path = Path(run_dir) / "summary.json"
     if not path.exists():
         raise DataError(f"no {path} (is the run finished?)")
-    return read_json(path, keys=("router",))
+    return read_record(path)
+
+
+def read_record(path):
+    """A run's summary.json or config.json, the fields that tables group runs by (seed_group) checked: a
+    DataError naming the file and the field otherwise."""
+    record = read_json(path, keys=("router",))
+    for key, kind in dict(router=str, preset=str, steps=int, max_steps=int, task=dict).items():
+        if record.get(key) is not None and not isinstance(record[key], kind):
+            raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
+    try:
+        seed_group(record)
+    except (DataError, ValueError, TypeError, KeyError) as e:
+        raise DataError(f"{path} is not what this repo writes: its 'task' ({e})") from None
+    return record
 
 
 def load_checkpoint(out_dir, device, data_dir=None):
