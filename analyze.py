@@ -171,15 +171,21 @@ def renyi_entropy(Z, alpha=1.0):
 
 
 def cmd_entropy(args):
-    curves = {}
+    runs_, counts = [], set()
     for out_dir in args.out_dir:
         cfg, model = load(out_dir, args)
         per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
-        L = cfg.n_layer
-        for kind, k in (("values", 0), ("hidden", 1)):
-            curves[f"{cfg.router} {kind}"] = [
-                sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(L)]
-    print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {args.num_seqs} sequences")
+        counts.add(len(per_seq))
+        runs_.append((cfg.router, Path(out_dir).name, [
+            [sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(cfg.n_layer)]
+            for k in (0, 1)]))  # values, hidden
+    routers = [router for router, _, _ in runs_]
+    curves = {}
+    for router, name, (values, hidden) in runs_:
+        label = router if routers.count(router) == 1 else f"{router} ({name})"  # two runs of one router: both
+        curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
+    print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {' or '.join(map(str, sorted(counts)))} "
+          "sequences")
     print("layer " + "".join(f"{name:>16}" for name in curves))
     for l in range(max(len(c) for c in curves.values())):
         print(f"{l:>5} " + "".join(f"{c[l]:16.3f}" if l < len(c) else " " * 16 for c in curves.values()))
@@ -441,7 +447,7 @@ def main(argv=None):
             return {"table": cmd_table, "curves": cmd_curves, "prune": cmd_prune}[args.command](args)
         for bad, message in ((args.num_seqs < 1, f"--num-seqs must be positive, got {args.num_seqs}"),
                              (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
-                             (not args.alpha > 0, f"--alpha must be > 0, got {args.alpha}")):
+                             (not 0 < args.alpha < float("inf"), f"--alpha must be > 0 and finite, got {args.alpha}")):
             if bad:
                 raise UsageError(message)
         return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -53,6 +54,11 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
     assert "matrix-based Renyi entropy" in capsys.readouterr().out
+    again = tmp_path / "again"  # two runs of one router: each keeps its curves, named by its folder
+    shutil.copytree(arith_run, again)
+    both = analyze.main(["entropy", "--out-dir", str(arith_run), str(again), "--num-seqs", "2"])
+    assert set(both) == {f"lime ({name}) {kind}" for name in (arith_run.name, "again") for kind in ("values", "hidden")}
+    assert both[f"lime ({arith_run.name}) values"] == both["lime (again) values"]  # the same weights
 
 
 def test_linear_probe_separates_what_is_separable():
