@@ -35,7 +35,7 @@ PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-
 
 def load(out_dir, args):
     """A checkpoint's config and model (on the CPU), reading data from --data-dir if given."""
-    return runs.load_checkpoint(out_dir, "cpu", args.data_dir)
+    return runs.load_checkpoint(out_dir, "cpu", getattr(args, "data_dir", None))
 
 
 def pyplot():
@@ -411,13 +411,19 @@ def main(argv=None):
     for name, help_text in (("routes", "router heatmap per layer and source layer"),
                             ("entropy", "Renyi entropy of values and hidden states per layer"),
                             ("probe", "linear probe of is/are/was/were from values, per layer")):
-        s = sub.add_parser(name, help=help_text)
-        several = " (several: one curve each)" if name == "entropy" else ""
-        s.add_argument("--out-dir", nargs="+", required=True, help="run folder(s) holding ckpt.pt" + several)
+        s = sub.add_parser(name, help=help_text)  # each with the flags it reads: no flag is ignored
+        if name == "entropy":
+            s.add_argument("--out-dir", nargs="+", required=True, help="run folder(s) holding ckpt.pt (several: "
+                                                                       "one curve each)")
+        else:
+            s.add_argument("--out-dir", nargs=1, required=True, help="run folder holding ckpt.pt")
+        if name == "routes":
+            continue  # the routers' own weights: no data
         s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
-        s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
+        if name == "entropy":
+            s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed are averaged")
     t.add_argument("--split", choices=["test", "val"], default="test",
@@ -445,9 +451,10 @@ def main(argv=None):
         args = p.parse_args(argv)
         if args.command in ("table", "curves", "prune"):
             return {"table": cmd_table, "curves": cmd_curves, "prune": cmd_prune}[args.command](args)
-        for bad, message in ((args.num_seqs < 1, f"--num-seqs must be positive, got {args.num_seqs}"),
-                             (args.seq_len < 2, f"--seq-len must be at least 2, got {args.seq_len}"),
-                             (not 0 < args.alpha < float("inf"), f"--alpha must be > 0 and finite, got {args.alpha}")):
+        num_seqs, seq_len, alpha = (getattr(args, k, d) for k, d in (("num_seqs", 1), ("seq_len", 2), ("alpha", 1)))
+        for bad, message in ((num_seqs < 1, f"--num-seqs must be positive, got {num_seqs}"),
+                             (seq_len < 2, f"--seq-len must be at least 2, got {seq_len}"),
+                             (not 0 < alpha < float("inf"), f"--alpha must be > 0 and finite, got {alpha}")):
             if bad:
                 raise UsageError(message)
         return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)

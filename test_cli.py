@@ -102,7 +102,11 @@ BAD_INPUTS = [
      "--seeds and --tiers take numbers"),
 
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
-    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2, "--alpha must be > 0 and finite, got -1"),
+    ("analyze", lambda a, r, t: ["routes", "--out-dir", str(r), "--alpha", "3"], 2,
+     "unrecognized arguments: --alpha 3"),  # each subcommand takes only the flags it reads
+    ("analyze", lambda a, r, t: ["probe", "--out-dir", str(r), str(r)], 2, "unrecognized arguments: "),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--alpha", "-1"], 2,
+     "--alpha must be > 0 and finite, got -1"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
     ("analyze", lambda a, r, t: ["curves", str(r), "--out", str(t / "notes.md")], 2,
