@@ -15,7 +15,7 @@ in LIMe, the layer's own values in the baseline.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors,
+from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors,
                  pick_device, show_value)
 
 import argparse
@@ -454,7 +454,7 @@ def main(argv=None):
         num_seqs, seq_len, alpha = (getattr(args, k, d) for k, d in (("num_seqs", 1), ("seq_len", 2), ("alpha", 1)))
         for bad, message in ((num_seqs < 1, f"--num-seqs must be positive, got {num_seqs}"),
                              (seq_len < 2, f"--seq-len must be at least 2, got {seq_len}"),
-                             (not 0 < alpha < float("inf"), f"--alpha must be > 0 and finite, got {alpha}")):
+                             (not POSITIVE[1](alpha), f"--alpha must be > 0 and finite, got {alpha}")):
             if bad:
                 raise UsageError(message)
         return {"routes": cmd_routes, "entropy": cmd_entropy, "probe": cmd_probe}[args.command](args)
