@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
-import baselines  # noqa: F401 (its methods join lime.ROUTERS: they are benchmarked too)
+import baselines  # noqa: F401 (its methods join methods.ROUTERS: they are benchmarked too)
 import kernels
-from lime import GPT, ROUTERS, GPTConfig
+from lime import GPT, GPTConfig
+from methods import ROUTERS
 
 SHAPES = {
     # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
@@ -352,6 +353,8 @@ def parse_args(argv):
     args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
+    chosen = [flag for flag in ("shape", "routers", "depths", "n_layer", "batch_size", "block_size")
+              if getattr(args, flag) != p.get_default(flag)]  # the models measured, which --suite and --kernels fix
     args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     if not args.routers:
         raise UsageError("--routers names no router")
@@ -377,6 +380,14 @@ def parse_args(argv):
               (not (args.kernels and args.profile), "--profile profiles training steps: not with --kernels"),
               (not (args.kernels and args.suite), "--suite times the routing op itself: not with --kernels"),
               (args.kernels or args.suite or not args.sweep, "--sweep times the routing op: give --kernels too"),
+              (not (args.kernels and args.sweep) or kernels.use_triton(torch.empty(0, device=args.device)),
+               f"--sweep times the Triton kernels, which do not run on {args.device} (CUDA; or the CPU interpreter: "
+               "LIME_TRITON=1 TRITON_INTERPRET=1)"),
+              (args.worker or not args.suite or not chosen,
+               "--suite measures the shapes and routers of SUITE: not with "
+               + ", ".join("--" + c.replace("_", "-") for c in chosen)),
+              (not args.kernels or not {"routers", "depths"} & set(chosen),
+               "--kernels times the op at lime's layers: not with --routers or --depths"),
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import arithmetic
-from lime import parse_router
+from methods import parse_router
 from runs import read_summary, results_table, run_files
 
 
@@ -101,6 +101,8 @@ def main(argv=None):
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
         except DataError as e:
             raise UsageError(str(e)) from None
+        if args.modulus != p.get_default("modulus") and "mod" not in {task.field for _, task in grid}:
+            raise UsageError(f"--modulus is for the mod field, and --fields={args.fields} has none")
         if min(seeds) < 0:
             raise UsageError(f"--seeds must be >= 0, got {min(seeds)}")
         routers = list(dict.fromkeys(args.routers.split(",")))

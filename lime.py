@@ -17,10 +17,10 @@ cache holds the routed, rotated K/V: exactly the size of a normal cache.
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
-  * `Router` and its subclasses: the paper's router and its ablations (`none`, `lime`,
-    `average`, `dynamic`, `last-J`, `first-J`), each one small class that states its weights.
-    A new router is one more class (the README's "Fork it"); so is a method of the residual
-    stream (`Residual`): baselines.py holds the paper's baseline and two controls, written so.
+  * `Router` and its subclasses, one small class each: the paper's router and its ablations
+    (`none`, `lime`, `average`, `dynamic`, `last-J`, `first-J`). A fork's router is one more
+    class (the README's "Fork it"), and so is a method of the residual stream (`Residual`):
+    baselines.py writes the paper's baseline and two controls so. methods.py maps --router to them.
   * `Routing`: carries K/V from layer to layer. Training uses the fast path in kernels.py:
     one op per layer that torch.compile keeps in a single graph, which stores each layer's
     K/V once (training memory O(L); autograd through a stack per layer, as in the paper's
@@ -30,7 +30,6 @@ What differs from nanoGPT, in reading order:
 """
 
 import math
-import re
 from dataclasses import dataclass, fields
 
 import torch
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
+from methods import Method, parse_router, router_forms
 
 
 @dataclass
@@ -90,26 +90,11 @@ def route_reference(weight, sources):
     return torch.einsum("bthj,btjhe->bthe", weight, src)
 
 
-ROUTERS = {}  # --router name -> class, in the order they are defined; a subclass with a name adds itself
-
-
-class Method(nn.Module):
-    """What --router names: a Router (how attention reads the K/V of earlier layers, below) or a
-    Residual (the stream between the sub-layers, further down). A subclass with a `name` adds
-    itself to ROUTERS; a name ending in "-J" takes a positive integer, `J` its default if any."""
-    name, J = None, None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            ROUTERS[cls.name] = cls
-
-
 class Router(Method):
     """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
     subclass that says three things:
 
-      name              its --router value, as Method says (last-J: last-4)
+      name              its --router value, as methods.Method says (last-J: last-4)
       source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
                           (n_kv, n_src, n_kv)  weight[h, i, g]: from head g of source i into head h, or
@@ -165,6 +150,13 @@ class Router(Method):
     def reference(self, sources, x):
         """The routed K/V by route_reference, from the sources' K/V in `self.sources` order."""
         return route_reference(self.weights(x) if self.per_token else self.matrix(), sources)
+
+    @classmethod
+    def probe(cls):
+        """This router at layer 1 of a tiny model (J = 1), to read its capabilities from (methods.satisfies)."""
+        tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=2, n_head=1, n_kv_head=1, n_embd=2, mlp_hidden=1,
+                         router="none")
+        return cls(tiny, 1, 1)
 
 
 class Own(Router):
@@ -230,39 +222,6 @@ class First(LIMe):
 
     def source_layers(self, layer, J):
         return sorted(set(range(min(layer + 1, J))) | {layer})
-
-
-def parse_router(spec):
-    """'first-4' -> (First, 4); 'lime' -> (LIMe, None); 'hc' -> (its class, its default J). Anything
-    else is a ValueError naming the forms."""
-    m = re.fullmatch(r"(.*?)(?:-([1-9][0-9]*))?", str(spec))
-    name, J = (f"{m[1]}-J", int(m[2])) if m[2] else (m[1], None)
-    if name not in ROUTERS and getattr(ROUTERS.get(f"{name}-J"), "J", None):  # the J it takes by default
-        name, J = f"{name}-J", ROUTERS[f"{name}-J"].J
-    if name not in ROUTERS or name.endswith("-J") != (J is not None):
-        forms = router_forms()
-        raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
-    return ROUTERS[name], J
-
-
-def router_forms(where=None):
-    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
-    satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
-    names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in ROUTERS.items()
-             if where is None or satisfies(cls, where)]
-    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
-
-
-def satisfies(cls, test):
-    """Whether the method `cls` is a router whose instance satisfies test: satisfies(cls, lambda r: r.prunable)."""
-    return issubclass(cls, Router) and test(probe(cls))
-
-
-def probe(cls):
-    """A router of class `cls` at layer 1 of a tiny model (J = 1), to read its capabilities from."""
-    tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=2, n_head=1, n_kv_head=1, n_embd=2, mlp_hidden=1,
-                     router="none")
-    return cls(tiny, 1, 1)
 
 
 def make_router(config, layer):

@@ -11,7 +11,7 @@ the same at every token.
 import torch
 
 from cli import UsageError
-from lime import router_forms
+from methods import router_forms
 
 
 def top_p_mask(weight, p):

@@ -13,6 +13,7 @@ import analyze
 import bench
 import kernels
 import lime
+import methods
 import sample
 import train
 from bench import saved_bytes
@@ -21,7 +22,7 @@ from lime import GPT, GPTConfig
 
 MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]
 # every --router name there is, the baselines' too (baselines.py): the model's basic promises hold for each
-EVERY = [name.replace("-J", "" if cls.J else "-2") for name, cls in lime.ROUTERS.items()]
+EVERY = [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.ROUTERS.items()]
 
 
 LEARNED = ["lime", "last-2", "first-2", "dynamic"]
@@ -410,14 +411,14 @@ def previous_router():
             return self.weight
 
     yield Previous
-    del lime.ROUTERS[Previous.name]
+    del methods.ROUTERS[Previous.name]
 
 
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     """Everything the class does not say is derived from what it says, and the scripts' own code
     trains, evaluates, prunes and benchmarks it."""
-    assert "previous" in lime.router_forms(lambda r: r.prunable)
-    assert lime.router_forms().endswith("residual or previous")
+    assert "previous" in methods.router_forms(lambda r: r.prunable)
+    assert methods.router_forms().endswith("residual or previous")
     model = small_model("previous")  # 6 layers, 2 kv heads, head_dim 8
     assert isinstance(model.routers[3], previous_router) and model.routers[3].sources == [2, 3]
     R, eye = model.routing_weights()[3], torch.eye(2)  # (n_kv, 4, n_kv)

@@ -18,7 +18,7 @@ import torch
 
 import arithmetic
 import cli
-import lime
+import methods
 import runs
 import train
 from conftest import assert_same_run, error_of, read_log, small_model, snapshot, tiny_args, train_losses
@@ -147,7 +147,7 @@ def test_flags_come_from_the_config_fields():
     assert args.plain == 5 and args.switch is False and p.parse_args(["--switch=on"]).switch is True
     helps = {a.dest: a.help for a in p._actions}
     assert helps["plain"] == "plain [3]" and helps["switch"] == "a documented switch [True]"
-    assert helps["router"] == f"cross-layer method, a router or a baseline: {lime.router_forms()} [lime]"
+    assert helps["router"] == f"cross-layer method, a router or a baseline: {methods.router_forms()} [lime]"
     assert all(helps.values())
     assert helps["n_layer"] == "number of decoder blocks (L) [4]" and "task" not in helps  # the tiny preset's 4
     assert [a.dest for a in p._actions][1:3] == ["plain", "switch"]  # the fork's own fields first

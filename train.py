@@ -37,7 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import arithmetic
 import runs
 from data import batch_rng, evaluate
-from lime import GPT, GPTConfig, parse_router, router_forms, satisfies
+from lime import GPT, GPTConfig
+from methods import parse_router, router_forms, satisfies
 from pruning import mask_routers, prune_routers, pruned_counts
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)

@@ -1,0 +1,59 @@
+"""
+What --router can name: the registry of cross-layer methods, and the forms its flag takes.
+
+A method is a lime.Router (how attention reads the K/V of earlier layers) or a lime.Residual (the
+stream between the sub-layers). A subclass of Method with a `name` joins ROUTERS as it is defined,
+so a fork's method is a --router value once its module is imported; nothing else lists them.
+
+NOTE the footgun: ROUTERS holds only the methods of the modules imported so far. lime's routers are
+there once lime is; baselines.py's once it is (runs.py and bench.py import it for that reason).
+"""
+
+import re
+
+import torch.nn as nn
+
+ROUTERS = {}  # --router name -> class, in the order they are defined
+
+
+class Method(nn.Module):
+    """A cross-layer method. A subclass with a `name` adds itself to ROUTERS; a name ending in "-J"
+    takes a positive integer, `J` its default if any ('last-4'; 'hc' is 'hc-4')."""
+    name, J = None, None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            ROUTERS[cls.name] = cls
+
+    @classmethod
+    def probe(cls):
+        """An instance to read the method's capabilities from (a router's: lime.Router.probe), or None."""
+        return None
+
+
+def parse_router(spec):
+    """'first-4' -> (First, 4); 'lime' -> (LIMe, None); 'hc' -> (its class, its default J). Anything
+    else is a ValueError naming the forms."""
+    m = re.fullmatch(r"(.*?)(?:-([1-9][0-9]*))?", str(spec))
+    name, J = (f"{m[1]}-J", int(m[2])) if m[2] else (m[1], None)
+    if name not in ROUTERS and getattr(ROUTERS.get(f"{name}-J"), "J", None):  # the J it takes by default
+        name, J = f"{name}-J", ROUTERS[f"{name}-J"].J
+    if name not in ROUTERS or name.endswith("-J") != (J is not None):
+        forms = router_forms()
+        raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
+    return ROUTERS[name], J
+
+
+def router_forms(where=None):
+    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
+    satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
+    names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in ROUTERS.items()
+             if where is None or satisfies(cls, where)]
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def satisfies(cls, test):
+    """Whether the method `cls` is a router whose instance satisfies test: satisfies(cls, lambda r: r.prunable)."""
+    router = cls.probe()
+    return router is not None and test(router)
