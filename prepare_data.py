@@ -167,35 +167,46 @@ def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic", "prosqa"], help="dataset to prepare")
     p.add_argument("--data-dir", help="output folder (default: data/NAME)")
-    p.add_argument("--shards", type=int, default=32, help="fineweb-edu: train shards of 1e8 tokens (32 for 3.1B)")
-    p.add_argument("--base-url", help=f"fineweb-edu, prosqa: where the files are, for a mirror "
-                                      f"(default: {FINEWEB_URL}, {prosqa.URL})")
-    p.add_argument("--url", default=SHAKESPEARE_URL, help="shakespeare: where the text is")
-    p.add_argument("--seed", type=int, default=0, help="arithmetic: generator seed")
+    scopes = {}  # flag -> what it is for, as its help begins ("arithmetic, int: ..."); given for other data: refused
+
+    def add(flag, scope, help, **kw):
+        scopes[flag] = scope.split(", ")
+        p.add_argument(flag, help=f"{scope}: {help}", **kw)
+
+    add("--shards", "fineweb-edu", "train shards of 1e8 tokens (32 for 3.1B)", type=int, default=32)
+    add("--base-url", "fineweb-edu, prosqa",
+        f"where the files are, for a mirror (default: {FINEWEB_URL}, {prosqa.URL})")
+    add("--url", "shakespeare", "where the text is", default=SHAKESPEARE_URL)
+    add("--seed", "arithmetic", "generator seed", type=int, default=0)
     defaults = arithmetic.Task(**arithmetic.DEFAULTS)
-    p.add_argument("--field", default=defaults.field, choices=["int", "mod"],
-                   help="arithmetic: int (whole numbers, exact division) or mod (the integers mod --modulus)")
-    p.add_argument("--modulus", type=int, default=defaults.modulus,
-                   help="arithmetic, mod: the prime P (default 11, as Feng et al.)")
-    p.add_argument("--max-operand", type=int, default=defaults.max_operand,
-                   help="arithmetic, int: operands are drawn from 1..this")
-    p.add_argument("--max-value", type=int, default=defaults.max_value,
-                   help="arithmetic, int: every value stays in 0..this")
-    p.add_argument("--count", default=defaults.count, choices=["operands", "operators"],
-                   help="arithmetic: what a tier's number counts")
-    p.add_argument("--tiers", default=",".join(map(str, defaults.tiers)),
-                   help="arithmetic: the tiers to generate, comma-separated (default %(default)s)")
-    p.add_argument("--target", default=defaults.target, choices=["steps", "answer"],
-                   help="arithmetic: learn the whole step-by-step solution, or only the answer after '='")
-    p.add_argument("--train-size", type=int, default=50_000, help="arithmetic: training samples per tier")
-    p.add_argument("--test-size", type=int, default=1000,
-                   help="arithmetic: samples per tier in the test split, and again in the validation split")
-    p.add_argument("--show", type=int, default=0, metavar="K", help="arithmetic: print K training samples")
+    add("--field", "arithmetic", "int (whole numbers, exact division) or mod (the integers mod --modulus)",
+        default=defaults.field, choices=["int", "mod"])
+    add("--modulus", "arithmetic, mod", "the prime P (default 11, as Feng et al.)", type=int, default=defaults.modulus)
+    add("--max-operand", "arithmetic, int", "operands are drawn from 1..this", type=int, default=defaults.max_operand)
+    add("--max-value", "arithmetic, int", "every value stays in 0..this", type=int, default=defaults.max_value)
+    add("--count", "arithmetic", "what a tier's number counts", default=defaults.count,
+        choices=["operands", "operators"])
+    add("--tiers", "arithmetic", "the tiers to generate, comma-separated (default %(default)s)",
+        default=",".join(map(str, defaults.tiers)))
+    add("--target", "arithmetic", "learn the whole step-by-step solution, or only the answer after '='",
+        default=defaults.target, choices=["steps", "answer"])
+    add("--train-size", "arithmetic", "training samples per tier", type=int, default=50_000)
+    add("--test-size", "arithmetic", "samples per tier in the test split, and again in the validation split",
+        type=int, default=1000)
+    add("--show", "arithmetic", "print K training samples", type=int, default=0, metavar="K")
     p.add_argument("--overwrite", action="store_true", help="replace what --data-dir holds: data of another regime "
                                                             "(arithmetic); files downloaded or made before (the rest)")
     resumes = ": a partial download stays as .part and resumes on the next run"
     with one_line_errors("prepare_data.py", interrupted=resumes):
         args = p.parse_args(argv)
+        for flag, scope in scopes.items():  # a flag for other data would be ignored: say so instead
+            dest, fields = flag[2:].replace("-", "_"), [f for f in scope if f in ("int", "mod")]
+            if getattr(args, dest) == p.get_default(dest):
+                continue
+            if args.name not in scope:
+                raise UsageError(f"{flag} is for {' and '.join(scope)} data, not {args.name}")
+            if fields and args.field not in fields:
+                raise UsageError(f"{flag} is for --field={fields[0]}, not --field={args.field}")
         data_dir = args.data_dir or os.path.join("data", args.name)
         if folder_problem(data_dir):
             raise UsageError(f"--data-dir={data_dir}: {folder_problem(data_dir)}")

@@ -148,15 +148,16 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
     held = tmp_path / "b.json"
     gpu = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "dtype": "bfloat16", "suite": []}
     held.write_text(json.dumps(gpu))
-    quick = ["--device", "cpu", "--routers", "none", "--n-layer", "1", "--block-size", "4", "--batch-size", "1",
-             "--steps", "1", "--gen-repeats", "0", "--json", str(held)]
+    base = ["--device", "cpu", "--steps", "1", "--gen-repeats", "0", "--json", str(held)]
+    quick = base + ["--routers", "none", "--n-layer", "1", "--block-size", "4", "--batch-size", "1"]
     plain = tmp_path / "plain.json"  # the figures of a run without --suite
     plain.write_text(json.dumps({**{k: v for k, v in gpu.items() if k != "suite"}, "runs": []}))
-    for flags, message in [([], "already holds figures: give another file, or --overwrite"),
-                           (["--suite"], "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16: give"),
-                           (["--suite", "--json", str(plain)], "plain.json holds figures that are not a suite's")]:
+    suite = base + ["--suite"]
+    for flags, message in [(quick, "already holds figures: give another file, or --overwrite"),
+                           (suite, "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16: give"),
+                           (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")]:
         with pytest.raises(SystemExit) as e:
-            bench.main(quick + flags)
+            bench.main(flags)
         assert e.value.code == 2 and message in capsys.readouterr().err
     assert json.loads(held.read_text()) == gpu
     bench.main(quick + ["--overwrite"])
@@ -176,6 +177,9 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
     (["--kernels", "--profile"], "--profile profiles training steps: not with --kernels"),
     (["--sweep"], "--sweep times the routing op: give --kernels too"),
     (["--kernels", "--suite"], "--suite times the routing op itself: not with --kernels"),
+    (["--suite", "--routers", "lime", "--n-layer", "3"], "of SUITE: not with --routers, --n-layer"),
+    (["--kernels", "--depths", "2,3"], "--kernels times the op at lime's layers: not with --routers or --depths"),
+    (["--kernels", "--sweep"], "--sweep times the Triton kernels, which do not run on cpu"),
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):

@@ -96,10 +96,18 @@ BAD_INPUTS = [
      "--tiers must be numbers separated by commas"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--target=both"], 2,
      "invalid choice: 'both'"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--shards=3"], 2,
+     "--shards is for fineweb-edu data, not arithmetic"),  # a flag for other data is refused, not ignored
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--modulus=7"], 2,
+     "--modulus is for --field=mod, not --field=int"),
+    ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
+     "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
      "--field must be int or mod, got 'real'"),
     ("grid", lambda a, r, t: ["--seeds", "1,two", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
      "--seeds and --tiers take numbers"),
+    ("grid", lambda a, r, t: ["--fields", "int", "--modulus", "7", "--out-dir", str(t / "g"), "--data-root",
+                              str(t / "d")], 2, "--modulus is for the mod field, and --fields=int has none"),
 
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
     ("analyze", lambda a, r, t: ["routes", "--out-dir", str(r), "--alpha", "3"], 2,
