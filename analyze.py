@@ -370,7 +370,8 @@ def cmd_prune(args):
                              "give another folder, or --overwrite to replace it")
     device = pick_device(args.device)
     ckpt = runs.read_checkpoint(args.out_dir)
-    cfg, model = runs.saved_config(ckpt, args.data_dir), runs.model_from(ckpt, args.out_dir).to(device).eval()
+    cfg = runs.saved_config(ckpt, args.out_dir, args.data_dir)
+    model = runs.model_from(ckpt, args.out_dir).to(device).eval()
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
     before = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)

@@ -95,7 +95,8 @@ def show_metrics(metrics):
 def option(default, help, **rules):
     """A config field with its help text, which becomes its command-line flag's, and what else is said
     of its value: rule=POSITIVE or NON_NEGATIVE (any (text, test) pair) or choices=(...), which
-    check_fields() enforces; resume="may change" (train.py: a resumed run may give it anew)."""
+    check_fields() enforces; resume="may change" (train.py: a resumed run may give it anew); data=a class of
+    data set (runs.py: a flag for data of that class only, data.TaskRows say)."""
     return field(default=default, metadata=dict(help=help, **rules))
 
 

@@ -23,11 +23,11 @@ from types import SimpleNamespace
 import torch
 
 import arithmetic
-import baselines  # noqa: F401 (its methods join lime.ROUTERS: a run may name them)
+import baselines  # noqa: F401 (its methods join methods.ROUTERS: a run may name them)
 import prosqa
-from cli import (DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors, pick_device,
-                 read_json, show_value)
-from data import TokenData
+from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors, option,
+                 pick_device, read_json, show_value)
+from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 
 # a folder with any of these holds a run, or what analyze.py made of one: --overwrite deletes them all, and
@@ -35,6 +35,21 @@ from lime import GPT, GPTConfig
 RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json", "config.json", "prune.json", "routes.png", "entropy.png",
              "probe.png", "prune.png"]
 DATASETS = {"fineweb-edu": TokenData, "shakespeare": TokenData, "arithmetic": arithmetic.Data, "prosqa": prosqa.Data}
+
+
+@dataclasses.dataclass
+class EvalConfig(GPTConfig):
+    """A run's model, its data and how it is evaluated: what sample.py and analyze.py read back of a run (its
+    checkpoint's config, checked by check_config), and what train.py's TrainConfig adds training to."""
+    data: str = option("fineweb-edu", "dataset", choices=tuple(DATASETS))
+    data_dir: str = option("", "where the dataset is (default data/<data>)")
+    micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
+                                   rule=POSITIVE)
+    eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
+                              rule=POSITIVE, data=TokenData)
+    eval_samples: int = option(1000, "tasks: samples per tier scored (test, validation); prosqa: test questions",
+                               rule=POSITIVE, data=TaskRows)
+    task: dict = None  # not a flag: the task's regime as its data names it (arithmetic), recorded by train.py
 
 
 def main(script, argv, cls, presets, train, description=None):
@@ -81,9 +96,19 @@ def parse_bool(text):
 
 def flag_fields(cls):
     """{field: its type} for the fields of `cls` that are flags: those of a type a flag can hold."""
-    types = {t.__name__: t for t in (int, float, str, bool)}  # a type may be written as its name
-    own_first = sorted(dataclasses.fields(cls), key=lambda f: f.name not in vars(cls).get("__annotations__", {}))
-    return {f: types.get(f.type, f.type) for f in own_first if types.get(f.type, f.type) in types.values()}
+    def depth(f):  # 0 for the fields of cls itself, 1 for its parent's, ...: a class's own flags come first
+        return next(i for i, c in enumerate(cls.__mro__) if f.name in vars(c).get("__annotations__", {}))
+    own_first = sorted(dataclasses.fields(cls), key=depth)
+    return {f: field_type(f) for f in own_first if field_type(f) in (int, float, str, bool)}
+
+
+# what a field of each type holds, as an error says it
+KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a dict"}
+
+
+def field_type(f):
+    """The type of the dataclass field f, which may be written as its name ('int')."""
+    return {t.__name__: t for t in KINDS}.get(f.type, f.type)
 
 
 def build_parser(cls, defaults, description=None):
@@ -145,6 +170,11 @@ def resolve(argv, cls, presets, description=None):
     ckpt = None
     if resume:
         ckpt, cfg = resume_checkpoint(cls, cfg, given)
+    for f in dataclasses.fields(cls):  # a flag for data of another kind would be ignored: say so instead
+        kind = f.metadata.get("data")
+        if f.name in given and kind and not issubclass(DATASETS.get(cfg["data"], kind), kind):
+            meant = " and ".join(name for name, data in DATASETS.items() if issubclass(data, kind))
+            raise UsageError(f"{flag(f.name)} is for {meant} data, not --data={cfg['data']}")
     if "prune_at" in given and not cfg["router_top_p"] > 0:
         raise UsageError("--prune-at says when to prune: give --router-top-p too")
     try:
@@ -171,13 +201,13 @@ def resume_checkpoint(cls, cfg, given):
     """--resume: the checkpoint in --out-dir and the config saved in it, in which a flag may change only
     the fields that say so (resume="may change": where and how long this session runs)."""
     path = Path(cfg["out_dir"]) / "ckpt.pt"
+    free = [f.name for f in dataclasses.fields(cls) if f.metadata.get("resume") == "may change"]
     try:
         ckpt = read_checkpoint(cfg["out_dir"])
+        anew = [k for k in given if k in free]  # not read from the checkpoint, nor checked there
+        saved = check_config({k: v for k, v in ckpt["config"].items() if k not in anew}, path, cls)
     except DataError as e:
         raise DataError(f"--resume: {e}") from None
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    free = [k for k, f in fields.items() if f.metadata.get("resume") == "may change"]
-    saved = {**dataclasses.asdict(cls()), **{k: v for k, v in ckpt["config"].items() if k in fields}}  # older runs
     saved["data_dir"] = str(Path(saved["data_dir"] or f"data/{saved['data']}").resolve())  # older runs: relative
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
@@ -198,9 +228,9 @@ def init_checkpoint(cfg, given):
     shape is an error, not a silent change."""
     try:
         init = read_checkpoint(cfg["init_from"])
+        source = check_config(init["config"], Path(cfg["init_from"]) / "ckpt.pt", GPTConfig)  # only the model's
     except DataError as e:
         raise DataError(f"--init-from: {e}") from None
-    source = dataclasses.asdict(GPTConfig.of(init["config"]))  # (an older run's lacks the fields added since)
     shape = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "block_size"]
     clash = [f"{k}={source[k]!r} (not {given[k]!r})" for k in shape if k in given and given[k] != source[k]]
     if clash:
@@ -435,11 +465,41 @@ def model_from(ckpt, out_dir):
     return model
 
 
-def saved_config(ckpt, data_dir=None):
-    """The config saved in a checkpoint, as attributes (cfg.data, cfg.block_size, ...); `data_dir`, if
-    given, in place of the saved one."""
-    cfg = SimpleNamespace(**{"task": None, **ckpt["config"]})  # (runs from before the arithmetic regimes: no task)
-    cfg.data_dir = data_dir or cfg.data_dir
+def of_kind(value, kind):
+    """isinstance(value, kind), where a bool is no number and an int is a float too (a preset's epochs=200)."""
+    if kind in (int, float):
+        return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+    return isinstance(value, kind)
+
+
+def check_config(config, path, cls):
+    """The config saved in the checkpoint `path` (a dict) as a dict of the fields of `cls`, each of its field's
+    type, rule and choices, and the whole one that cls accepts, the arithmetic regime of `task` too; the fields an
+    older run lacks at their defaults, keys of no field left out. Otherwise a DataError naming the file and the
+    field (not a flag: the file is at fault, not the command line)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {**dataclasses.asdict(cls()), **{k: v for k, v in config.items() if k in names}}
+    where = ""
+    try:
+        for f in dataclasses.fields(cls):  # first the types, which the rules take for granted
+            kind, value = field_type(f), values[f.name]
+            if kind in KINDS and not of_kind(value, kind) and not (value is None and f.default is None):
+                raise ValueError(f"{f.name} must be {KINDS[kind]}, got {value!r}")
+        cls(**values)  # then the fields' rules and choices, and what they say together: the model's shape, ...
+        if values.get("task") is not None:
+            where = "task: "
+            arithmetic.Task.from_meta(values["task"])
+    except (DataError, ValueError, TypeError, KeyError) as e:
+        problem = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m[1].replace("-", "_"), str(e))  # cls, Task: flags
+        raise DataError(f"{path}: in its saved config, {where}{problem}") from None
+    return values
+
+
+def saved_config(ckpt, out_dir, data_dir=None):
+    """The config saved in a checkpoint read from out_dir, checked (check_config), as attributes (cfg.data,
+    cfg.block_size, ...): the fields of EvalConfig. `data_dir`, if given, in place of the saved one."""
+    cfg = SimpleNamespace(**check_config(ckpt["config"], Path(out_dir) / "ckpt.pt", EvalConfig))
+    cfg.data_dir = data_dir or cfg.data_dir or f"data/{cfg.data}"  # (older runs: none saved)
     return cfg
 
 
@@ -468,7 +528,7 @@ def read_record(path):
 def load_checkpoint(out_dir, device, data_dir=None):
     """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`."""
     ckpt = read_checkpoint(out_dir)
-    return saved_config(ckpt, data_dir), model_from(ckpt, out_dir).to(device).eval()
+    return saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir).to(device).eval()
 
 
 def load_data(cfg, with_train=True):

@@ -2,6 +2,7 @@
 code, and nothing written."""
 
 import ast
+import dataclasses
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import bench
 import cli
 import grid
 import prepare_data
+import runs
 import sample
 import train
 from conftest import error_of, snapshot, tiny_args
@@ -54,6 +56,15 @@ def test_no_script_imports_another():
         assert not imported & scripts, (name, imported & scripts)
 
 
+def test_every_config_train_saves_is_read_back():
+    """The checks a saved config is read back with (runs.check_config: sample.py and analyze.py read EvalConfig's
+    fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
+    for preset in train.PRESETS:  # (the arith preset's epochs=200: an int is a number too)
+        saved = dataclasses.asdict(train.TrainConfig(**{**train.PRESETS[preset], "preset": preset}))
+        for cls in (train.TrainConfig, runs.EvalConfig):
+            assert runs.check_config(saved, "ckpt.pt", cls) == {f.name: saved[f.name] for f in dataclasses.fields(cls)}
+
+
 def train_args(*flags):
     return lambda a, r, t: tiny_args(a, t / "run", *flags)
 
@@ -76,6 +87,10 @@ BAD_INPUTS = [
      "notes.md is a file, not a folder"),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
     ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
+    ("train", lambda a, r, t: ["--preset=150m", "--data=shakespeare", "--epochs=2", f"--out-dir={t / 'run'}"], 2,
+     "--epochs is for arithmetic and prosqa data, not --data=shakespeare"),  # refused, not ignored
+    ("train", train_args("--eval-tokens=100"), 2, "--eval-tokens is for fineweb-edu and shakespeare data, not "
+                                                  "--data=arithmetic"),
     ("train", train_args("--resume", "--overwrite"), 2, "give one of them"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=6", "--resume"), 2,
      "already at max_steps=6"),
@@ -195,6 +210,11 @@ def another_regime(d, r, t):
     arithmetic.prepare(d, arithmetic.Task(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
 
 
+def hand_edit(**changes):
+    """The run's saved config (in ckpt.pt) edited by hand."""
+    return lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["config"].update(changes))
+
+
 DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: write(r / "ckpt.pt", b""), resume), 1,
      "ckpt.pt is empty (cut short while it was written?)"),
@@ -234,6 +254,25 @@ DAMAGED = [
      "meta.json is not valid JSON"),
     ("analyze", then(lambda d, r, t: write(r / "ckpt.pt", b"garbage"), lambda d, r, t: ["routes", "--out-dir", str(r)]),
      1, "is not a checkpoint of train.py"),
+    # a saved config that train.py would not have written: the file and the field, never a flag
+    ("sample", then(hand_edit(data="nope"), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     "ckpt.pt: in its saved config, data='nope': choose from fineweb-edu, shakespeare, arithmetic, prosqa"),
+    ("sample", then(hand_edit(data_dir=5), lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt: in its saved config, data_dir must be a string, got 5"),
+    ("sample", then(hand_edit(task="x"), lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt: in its saved config, task must be a dict, got 'x'"),
+    ("analyze", then(hand_edit(block_size="x"), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
+     "ckpt.pt: in its saved config, block_size must be an integer, got 'x'"),
+    ("analyze", then(hand_edit(task={"field": "real"}), lambda d, r, t: ["entropy", "--out-dir", str(r)]), 1,
+     "ckpt.pt: in its saved config, task: field must be int or mod, got 'real'"),
+    ("analyze", then(hand_edit(micro_batch_size=0), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]),
+     1, "ckpt.pt: in its saved config, micro_batch_size must be positive, got 0"),
+    ("train", then(on_the_copy, hand_edit(lr=0), resume), 1,
+     ("--resume: ", "ckpt.pt: in its saved config, lr must be positive, got 0")),  # (not --lr: no flag gave it)
+    ("train", then(on_the_copy, hand_edit(preset=["tiny"]), resume), 1,
+     "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
+    ("train", then(hand_edit(n_embd=30), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+     ("--init-from: ", "ckpt.pt: in its saved config, n_embd=30 must split into n_head=2 heads of even size")),
     ("analyze", then(lambda d, r, t: write(d / "meta.json", "{"),
                      lambda d, r, t: ["entropy", "--out-dir", str(r), "--data-dir", str(d)]), 1,
      "meta.json is not valid JSON"),

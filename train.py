@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import arithmetic
 import runs
-from data import batch_rng, evaluate
+from data import TaskRows, batch_rng, evaluate
 from lime import GPT, GPTConfig
 from methods import parse_router, router_forms, satisfies
 from pruning import mask_routers, prune_routers, pruned_counts
@@ -46,20 +46,17 @@ FREE = dict(resume="may change")  # where and how long a session runs: --resume 
 
 
 @dataclass
-class TrainConfig(GPTConfig):
-    """Everything a run is: the model (GPTConfig's fields) and how it is trained. Each field is a flag."""
+class TrainConfig(runs.EvalConfig):
+    """Everything a run is: the model, its data and evaluation (runs.EvalConfig's fields) and how it is trained.
+    Each field is a flag."""
     preset: str = option("150m", "named set of defaults: 150m, 1b, deep, arith, prosqa, tiny")
-    data: str = option("fineweb-edu", "dataset", choices=tuple(runs.DATASETS))
-    data_dir: str = option("", "where the dataset is (default data/<data>)")
     out_dir: str = option("", "checkpoints and logs (default out/<preset>-<router>)", **FREE)
     batch_size: int = option(256, "sequences per optimiser step, over all processes", rule=POSITIVE)
-    micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
-                                   rule=POSITIVE)
     max_steps: int = option(6000, "length of the run; the learning-rate schedule follows it", rule=POSITIVE, **FREE)
     epochs: float = option(0.0, "tasks: if > 0, sets max_steps to this many epochs (of len(train) samples); "
-                                "a --max-steps given instead overrides a preset's", rule=NON_NEGATIVE)
+                                "a --max-steps given instead overrides a preset's", rule=NON_NEGATIVE, data=TaskRows)
     warmup_epochs: float = option(0.0, "tasks: if > 0, sets warmup_steps to this many epochs; a --warmup-steps "
-                                       "given instead overrides a preset's", rule=NON_NEGATIVE)
+                                       "given instead overrides a preset's", rule=NON_NEGATIVE, data=TaskRows)
     stop_at: int = option(0, "end this session after this step with a checkpoint (0: run to max_steps)",
                           rule=NON_NEGATIVE, **FREE)
     lr: float = option(1e-3, "peak learning rate", rule=POSITIVE)
@@ -78,10 +75,6 @@ class TrainConfig(GPTConfig):
     prune_at: int = option(0, "with --router-top-p: the step at which to prune; pruned weights stay zero after it",
                            rule=NON_NEGATIVE)
     eval_interval: int = option(500, "evaluate and save a checkpoint every this many steps", rule=POSITIVE)
-    eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
-                              rule=POSITIVE)
-    eval_samples: int = option(1000, "tasks: samples per tier scored (test, validation); prosqa: test questions",
-                               rule=POSITIVE)
     log_interval: int = option(10, "print a progress line every this many steps", rule=POSITIVE, **FREE)
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", **FREE)
     dtype: str = option("auto", "autocast dtype (auto: bfloat16 on CUDA, else float32)",
@@ -90,7 +83,6 @@ class TrainConfig(GPTConfig):
     seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
                                 "fresh optimiser)")
-    task: dict = None  # not a flag: the task's regime as its data names it (arithmetic), recorded by train()
 
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
