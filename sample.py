@@ -140,6 +140,11 @@ def main(argv=None):
                                                        "questions (prosqa)")
     with one_line_errors("sample.py"):
         args = p.parse_args(argv)
+        generation = [k for k in ("start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed")
+                      if getattr(args, k) != p.get_default(k)]  # flags that --eval would ignore
+        if args.eval and generation:
+            raise UsageError("--eval scores the run on its fixed evaluation sets, without sampling: not with "
+                             + ", ".join("--" + k.replace("_", "-") for k in generation))
         if args.num_samples < 1 or args.max_new_tokens < 1:
             raise UsageError("--num-samples and --max-new-tokens must be positive")
         if args.temperature is not None and not args.temperature >= 0:
