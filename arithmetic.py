@@ -325,8 +325,9 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
         if have:
-            raise UsageError(f"{data_dir} already holds {describe(have)}: give another --data-dir, or --overwrite "
-                             "to replace it")
+            differs = ", ".join(f"{k} {have.get(k)} (not {v})" for k, v in want.items() if have.get(k) != v)
+            raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
+                             "--data-dir, or --overwrite to replace it")
     there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)] if data_dir.is_dir() else []
     data = generate(task, seed, train_size, test_size)
     for stale in there:  # what the new data does not replace itself: the folder holds the new data alone

@@ -302,8 +302,9 @@ DAMAGED = [
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
                                    str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
     ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d)], 2,
-     "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give another "
-     "--data-dir, or --overwrite to replace it"),
+     "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), with count operands "
+     "(not operators), train_size 100 (not 50000), test_size 10 (not 1000): give another --data-dir, or --overwrite "
+     "to replace it"),
     ("prepare_data", then(lambda d, r, t: (d / "meta.json").unlink(),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d)]), 2,
      "holds arithmetic data that cannot be read"),
