@@ -41,10 +41,9 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
-import baselines  # noqa: F401 (its methods join methods.ROUTERS: they are benchmarked too)
 import kernels
 from lime import GPT, GPTConfig
-from methods import ROUTERS
+from methods import registry
 
 SHAPES = {
     # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
@@ -314,7 +313,7 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")
-    every = ",".join(name.replace("-J", "" if cls.J else "-4") for name, cls in ROUTERS.items())  # J: its default, or 4
+    every = ",".join(name.replace("-J", "" if cls.J else "-4") for name, cls in registry().items())  # J: its default, or 4
     p.add_argument("--routers", default=every,
                    help="comma-separated router modes; ratios are to none, or to the first listed")
     p.add_argument("--n-layer", type=int, help="override the shape's depth")

@@ -3,17 +3,27 @@ What --router can name: the registry of cross-layer methods, and the forms its f
 
 A method is a lime.Router (how attention reads the K/V of earlier layers) or a lime.Residual (the
 stream between the sub-layers). A subclass of Method with a `name` joins ROUTERS as it is defined,
-so a fork's method is a --router value once its module is imported; nothing else lists them.
+so a method is a --router value once its module is imported; nothing else lists them.
 
-NOTE the footgun: ROUTERS holds only the methods of the modules imported so far. lime's routers are
-there once lime is; baselines.py's once it is (runs.py and bench.py import it for that reason).
+NOTE a footgun: a module is imported only when something asks for it, so ROUTERS alone may lack
+methods. Read the methods through registry(), which first imports every module of MODULES: a fork
+that writes its method in a new file adds the file's module name there.
 """
 
+import importlib
 import re
 
 import torch.nn as nn
 
-ROUTERS = {}  # --router name -> class, in the order they are defined
+ROUTERS = {}  # --router name -> class, in the order they are defined (read it through registry())
+MODULES = ("lime", "baselines")  # where the methods are defined
+
+
+def registry():
+    """ROUTERS, with every method of MODULES in it."""
+    for module in MODULES:
+        importlib.import_module(module)  # (no-op once imported; a module still importing is left to finish)
+    return ROUTERS
 
 
 class Method(nn.Module):
@@ -37,18 +47,19 @@ def parse_router(spec):
     else is a ValueError naming the forms."""
     m = re.fullmatch(r"(.*?)(?:-([1-9][0-9]*))?", str(spec))
     name, J = (f"{m[1]}-J", int(m[2])) if m[2] else (m[1], None)
-    if name not in ROUTERS and getattr(ROUTERS.get(f"{name}-J"), "J", None):  # the J it takes by default
-        name, J = f"{name}-J", ROUTERS[f"{name}-J"].J
-    if name not in ROUTERS or name.endswith("-J") != (J is not None):
+    known = registry()
+    if name not in known and getattr(known.get(f"{name}-J"), "J", None):  # the J it takes by default
+        name, J = f"{name}-J", known[f"{name}-J"].J
+    if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
-    return ROUTERS[name], J
+    return known[name], J
 
 
 def router_forms(where=None):
     """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
     satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
-    names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in ROUTERS.items()
+    names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in registry().items()
              if where is None or satisfies(cls, where)]
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 

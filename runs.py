@@ -23,7 +23,6 @@ from types import SimpleNamespace
 import torch
 
 import arithmetic
-import baselines  # noqa: F401 (its methods join methods.ROUTERS: a run may name them)
 import prosqa
 from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors, option,
                  pick_device, read_json, show_value)

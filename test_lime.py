@@ -5,6 +5,7 @@ benchmarked through the scripts' own code)."""
 import json
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from lime import GPT, GPTConfig
 
 MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]
 # every --router name there is, the baselines' too (baselines.py): the model's basic promises hold for each
-EVERY = [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.ROUTERS.items()]
+EVERY = [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.registry().items()]
 
 
 LEARNED = ["lime", "last-2", "first-2", "dynamic"]
@@ -412,6 +413,22 @@ def previous_router():
 
     yield Previous
     del methods.ROUTERS[Previous.name]
+
+
+def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
+    """A script that never imports baselines.py still takes its methods by name (methods.registry)."""
+    saved = dict(methods.ROUTERS)
+    monkeypatch.delitem(sys.modules, "baselines")  # as if never imported; put back after the test
+    for name, cls in saved.items():
+        if cls.__module__ == "baselines":
+            del methods.ROUTERS[name]
+    try:
+        assert "hc" not in methods.ROUTERS
+        assert methods.router_forms().endswith("hc[-J], hc-static[-J], dwa or value-residual")
+        assert methods.parse_router("hc")[1] == 4
+    finally:
+        methods.ROUTERS.clear()
+        methods.ROUTERS.update(saved)  # the classes the other tests hold, in their order
 
 
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
