@@ -313,7 +313,8 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")
-    every = ",".join(name.replace("-J", "" if cls.J else "-4") for name, cls in registry().items())  # J: its default, or 4
+    # every method; J its default, or 4
+    every = ",".join(name.replace("-J", "" if cls.J else "-4") for name, cls in registry().items())
     p.add_argument("--routers", default=every,
                    help="comma-separated router modes; ratios are to none, or to the first listed")
     p.add_argument("--n-layer", type=int, help="override the shape's depth")

@@ -11,6 +11,7 @@ Run management: what train.py needs around its recipe, and what the other script
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -340,7 +341,7 @@ class Run:
             try:
                 model.load_state_dict(self.init["model"])
             except RuntimeError as e:
-                raise UsageError(f"--init-from: {self.cfg.init_from} does not fit: {str(e).splitlines()[0]}") from None
+                raise UsageError(f"--init-from: {self.cfg.init_from} does not fit: {load_problem(e)}") from None
             return 0, self.init.get("router_mask")
         if self.resume is not None:
             try:
@@ -348,7 +349,7 @@ class Run:
                 optimizer.load_state_dict(self.resume["optimizer"])
             except (RuntimeError, ValueError, KeyError) as e:
                 raise DataError(f"--resume: {self.out_dir / 'ckpt.pt'} holds weights or an optimiser state its "
-                                f"config does not describe ({str(e).splitlines()[0][:100]})") from None
+                                f"config does not describe ({load_problem(e)})") from None
             return self.resume["step"], self.resume.get("router_mask")
         return 0, None
 
@@ -448,9 +449,19 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None
     kinds = dict(model=dict, optimizer=dict, step=int, config=dict)
     wrong = [k for k, kind in kinds.items() if not isinstance(ckpt, dict) or not isinstance(ckpt.get(k), kind)]
+    if wrong and isinstance(ckpt, dict) and wrong[0] in ckpt:
+        k = wrong[0]
+        raise DataError(f"{path} is not a checkpoint of train.py: its {k!r} is of type {type(ckpt[k]).__name__}, "
+                        f"not {kinds[k].__name__}")
     if wrong:
         raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
     return ckpt
+
+
+def load_problem(e):
+    """What a failed load_state_dict says is wrong, in one line: its first line only names the model."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith("Error(s) in")]
+    return (lines or [type(e).__name__])[0][:200]
 
 
 def model_from(ckpt, out_dir):
@@ -460,7 +471,7 @@ def model_from(ckpt, out_dir):
         model.load_state_dict(ckpt["model"])
     except Exception as e:  # a file of the right format with the wrong contents
         raise DataError(f"{Path(out_dir) / 'ckpt.pt'} holds a model its config does not describe "
-                        f"({str(e).splitlines()[0][:100]})") from None
+                        f"({load_problem(e)})") from None
     return model
 
 
@@ -517,6 +528,10 @@ def read_record(path):
     for key, kind in dict(router=str, preset=str, steps=int, max_steps=int, task=dict).items():
         if record.get(key) is not None and not isinstance(record[key], kind):
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
+    for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
+        top = 1 if re.fullmatch(r"(val_)?acc(_\d+)?", key) else math.inf if key in ("val_loss", "val_ppl") else None
+        if top is not None and not (of_kind(value, float) and math.isfinite(value) and 0 <= value <= top):
+            raise DataError(f"{path} is not what this repo writes: its {key!r} is {value!r}")
     try:
         seed_group(record)
     except (DataError, ValueError, TypeError, KeyError) as e:
@@ -554,7 +569,10 @@ def seed_group(run):
 
 
 def mean_sd(values):
-    """The mean and the sample standard deviation (0 for one value) of the seeds of one setting."""
+    """The mean and the sample standard deviation (0 for one value) of the seeds of one setting; with a value
+    that is not finite (the last evaluation of a run that diverged), the plain mean and a NaN sd."""
+    if not all(map(math.isfinite, values)):
+        return sum(values) / len(values), math.nan  # (statistics refuses them)
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 

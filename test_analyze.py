@@ -136,7 +136,8 @@ def test_table_averages_over_seeds(tmp_path):
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
     task = dataclasses.asdict(arithmetic.Task(field="mod", count="operators", target="answer"))
     dirs = []
-    # the second `none` seed is still running: its curve ends where that run's log does
+    # the second `none` seed diverged at step 200 (train.py logs that evaluation, then stops): its curve ends
+    # where its log does, and the loss there, NaN, makes the mean NaN, with no traceback
     for router, seeds in (("lime", ((.2, .5, .7), (.4, .7, .9))), ("none", ((.1, .2, .3), (.1, .4)))):
         for seed, accs in enumerate(seeds):
             d = tmp_path / f"{router}-{seed}"
@@ -146,6 +147,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             rows = [dict(step=100 * i + 50, loss=2.0) for i in range(3)]  # training rows: not evaluations
             rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_6=acc)
                      for i, acc in enumerate(accs)]
+            rows[-1]["val_loss"] = math.nan if (router, seed) == ("none", 1) else rows[-1]["val_loss"]
             (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')  # a cut last line
             dirs.append(str(d))
     curves = analyze.main(["curves", *dirs, dirs[0], "--out", str(tmp_path / "c.png")])  # a run given twice: once
@@ -154,7 +156,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert [(s, n) for s, _, _, n in lime["val_acc_6"]] == [(100, 2), (200, 2), (300, 2)]
     assert [(s, n) for s, _, _, n in none["val_acc_6"]] == [(100, 2), (200, 2)]
     assert lime["val_acc_6"][1][1:3] == pytest.approx((0.6, math.sqrt(0.02)))
-    assert none["val_loss"][1][1:3] == pytest.approx((0.7, math.sqrt(0.02)))
+    assert lime["val_loss"][1][1:3] == pytest.approx((0.4, math.sqrt(0.02)))
+    assert none["val_loss"][0][1:3] == pytest.approx((0.9, 0.0)) and math.isnan(none["val_loss"][1][1])
     out = capsys.readouterr().out
     assert "     200       60.0 ± 14.1       30.0 ± 14.1" in out
     assert "     300       80.0 ± 14.1                 -" in out
