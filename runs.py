@@ -165,8 +165,9 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
     found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite:
-        raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}): continue it with --resume, "
-                         "or start over with --overwrite")
+        advice = ": continue it with --resume," if "ckpt.pt" in found else " with no checkpoint to resume from:"
+        raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}){advice} start over with "
+                         "--overwrite, or give another --out-dir")
     ckpt = None
     if resume:
         ckpt, cfg = resume_checkpoint(cls, cfg, given)
