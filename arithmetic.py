@@ -310,15 +310,15 @@ def holds(data_dir):
 
 
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
-    """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished. The
-    same data there already is kept as it is; other data (or an unfinished folder) is replaced only
-    with `overwrite`, a UsageError otherwise."""
+    """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished (cut short
+    while it was generated), and is generated again. The same data there already is kept as it is; other
+    data, or data that cannot be read, is replaced only with `overwrite`, a UsageError otherwise."""
     data_dir, want = Path(data_dir), {**dataclasses.asdict(task), "seed": seed, "train_size": train_size,
                                       "test_size": test_size}
-    if not overwrite:
+    if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, so generated again)
         try:
             have = holds(data_dir)
-        except DataError as e:  # damaged or unfinished
+        except DataError as e:
             raise UsageError(f"{data_dir} holds arithmetic data that cannot be read ({e}): give another "
                              "--data-dir, or --overwrite to replace it") from None
         if have == want:

@@ -58,7 +58,7 @@ def prepare(data_dir, task, args, generate=True):
                          f"{arithmetic.describe(want)}: give another --data-root")
     if have is None and generate:
         print(f"grid: generating {data_dir}")
-        arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size, overwrite=True)
+        arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)
 
 
 def model_fit(data_dir):

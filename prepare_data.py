@@ -196,8 +196,8 @@ def main(argv=None):
     add("--show", "arithmetic", "print K training samples", type=int, default=0, metavar="K")
     p.add_argument("--overwrite", action="store_true", help="replace what --data-dir holds: data of another regime "
                                                             "(arithmetic); files downloaded or made before (the rest)")
-    resumes = ": a partial download stays as .part and resumes on the next run"
-    with one_line_errors("prepare_data.py", interrupted=resumes):
+    goes_on = ": run the same command again to go on (a partial download resumes from its .part file)"
+    with one_line_errors("prepare_data.py", interrupted=goes_on):
         args = p.parse_args(argv)
         for flag, scope in scopes.items():  # a flag for other data would be ignored: say so instead
             dest, fields = flag[2:].replace("-", "_"), [f for f in scope if f in ("int", "mod")]

@@ -202,8 +202,8 @@ def test_final_answer_parsing():
 
 
 def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
-    """The same data again: nothing to do. Other data: refused (test_cli), or replaced with --overwrite, and
-    then the folder holds the new data alone."""
+    """The same data again: nothing to do; an unfinished folder: finished. Other data: refused (test_cli), or
+    replaced with --overwrite, and then the folder holds the new data alone."""
     folder = tmp_path / "data"
     args = ["arithmetic", "--data-dir", str(folder), "--field=int", "--count=operands", "--tiers=4,5,6",
             "--target=steps", "--train-size", "30", "--test-size", "4"]
@@ -213,6 +213,10 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     prepare_data.main(args)
     assert "holds this data already: int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier)" in \
         capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    (folder / "meta.json").unlink()  # what an interrupted run leaves: written last, so missing
+    (folder / "train.txt").write_text("1 +\n")
+    prepare_data.main(args)  # the same command again finishes it: no --overwrite needed
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     prepare_data.main(["arithmetic", "--data-dir", str(folder), "--tiers=2,3", "--train-size", "30", "--test-size", "4",
                        "--overwrite"])

@@ -312,9 +312,9 @@ DAMAGED = [
      "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), with count operands "
      "(not operators), train_size 100 (not 50000), test_size 10 (not 1000): give another --data-dir, or --overwrite "
      "to replace it"),
-    ("prepare_data", then(lambda d, r, t: (d / "meta.json").unlink(),
+    ("prepare_data", then(lambda d, r, t: write(d / "meta.json", "{"),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d)]), 2,
-     "holds arithmetic data that cannot be read"),
+     "holds arithmetic data that cannot be read ("),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is a folder"),

@@ -177,7 +177,7 @@ def train(cfg, run):
     if cfg.preset in GENERATES and cfg.data == "arithmetic" and cfg.data_dir == home and \
             not (Path(home) / "meta.json").exists():
         print(f"preparing the arithmetic task in {home} (once, offline)")
-        arithmetic.prepare(home, GENERATES[cfg.preset], overwrite=True)  # (over what an interrupted one left)
+        arithmetic.prepare(home, GENERATES[cfg.preset])  # (over what an interrupted one left, if any)
     data = runs.load_data(cfg)
     if data.vocab_size and data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
