@@ -355,7 +355,7 @@ def parse_args(argv):
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
     chosen = [flag for flag in ("shape", "routers", "depths", "n_layer", "batch_size", "block_size")
               if getattr(args, flag) != p.get_default(flag)]  # the models measured, which --suite and --kernels fix
-    args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    args.routers = list(dict.fromkeys(r.strip() for r in args.routers.split(",") if r.strip()))  # each once
     if not args.routers:
         raise UsageError("--routers names no router")
     for r in args.routers:
