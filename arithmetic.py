@@ -325,7 +325,9 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
         if have:
-            differs = ", ".join(f"{k} {have.get(k)} (not {v})" for k, v in want.items() if have.get(k) != v)
+            show = lambda v: "not recorded" if v is None else ",".join(map(str, v)) if isinstance(v, (tuple, list)) \
+                else v  # noqa: E731 (as the flags take it: tiers 4,5,6)
+            differs = ", ".join(f"{k} {show(have.get(k))} (not {show(v)})" for k, v in want.items() if have.get(k) != v)
             raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
                              "--data-dir, or --overwrite to replace it")
     there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)] if data_dir.is_dir() else []

@@ -349,6 +349,9 @@ def parse_args(argv):
     args = p.parse_args(argv)
 
     args.device = pick_device(args.device)
+    # the flags of the models' timing, which --kernels would ignore
+    models_only = [flag for flag in ("warmup", "gen_tokens", "gen_repeats", "compile", "fresh_processes")
+                   if getattr(args, flag) != p.get_default(flag)]
     is_cuda = args.device.startswith("cuda")
     args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
@@ -380,7 +383,7 @@ def parse_args(argv):
               (not (args.kernels and args.profile), "--profile profiles training steps: not with --kernels"),
               (not (args.kernels and args.suite), "--suite times the routing op itself: not with --kernels"),
               (args.kernels or args.suite or not args.sweep, "--sweep times the routing op: give --kernels too"),
-              (not (args.kernels and args.sweep) or kernels.use_triton(torch.empty(0, device=args.device)),
+              (not args.sweep or kernels.use_triton(torch.empty(0, device=args.device)),
                f"--sweep times the Triton kernels, which do not run on {args.device} (CUDA; or the CPU interpreter: "
                "LIME_TRITON=1 TRITON_INTERPRET=1)"),
               (args.worker or not args.suite or not chosen,
@@ -388,6 +391,8 @@ def parse_args(argv):
                + ", ".join("--" + c.replace("_", "-") for c in chosen)),
               (not args.kernels or not {"routers", "depths"} & set(chosen),
                "--kernels times the op at lime's layers: not with --routers or --depths"),
+              (not args.kernels or not models_only, "--kernels times the op alone, no model: not with "
+               + ", ".join("--" + f.replace("_", "-") for f in models_only)),
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),

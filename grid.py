@@ -41,7 +41,8 @@ def regimes(args):
     out = []
     for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
         for target in dict.fromkeys(args.targets.split(",")):
-            task = arithmetic.Task(field=field, modulus=args.modulus, count=args.count, tiers=tiers, target=target)
+            modulus = args.modulus if field == "mod" else arithmetic.Task.modulus  # (int data: the default)
+            task = arithmetic.Task(field=field, modulus=modulus, count=args.count, tiers=tiers, target=target)
             name = f"{task.name}-{task.count}-{'-'.join(map(str, tiers))}"  # e.g. int-steps-operators-4-5-6
             out.append((name, task))
     return out

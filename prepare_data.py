@@ -204,7 +204,8 @@ def main(argv=None):
             if getattr(args, dest) == p.get_default(dest):
                 continue
             if args.name not in scope:
-                raise UsageError(f"{flag} is for {' and '.join(scope)} data, not {args.name}")
+                names, field = [s for s in scope if s not in fields], f" (--field={fields[0]})" if fields else ""
+                raise UsageError(f"{flag} is for {' and '.join(names)} data{field}, not {args.name}")
             if fields and args.field not in fields:
                 raise UsageError(f"{flag} is for --field={fields[0]}, not --field={args.field}")
         data_dir = args.data_dir or os.path.join("data", args.name)

@@ -180,6 +180,9 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
     (["--suite", "--routers", "lime", "--n-layer", "3"], "of SUITE: not with --routers, --n-layer"),
     (["--kernels", "--depths", "2,3"], "--kernels times the op at lime's layers: not with --routers or --depths"),
     (["--kernels", "--sweep"], "--sweep times the Triton kernels, which do not run on cpu"),
+    (["--suite", "--sweep"], "--sweep times the Triton kernels, which do not run on cpu"),
+    (["--kernels", "--warmup", "2", "--compile", "on"], "--kernels times the op alone, no model: not with --warmup, "
+                                                        "--compile"),
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):

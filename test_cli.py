@@ -117,6 +117,8 @@ BAD_INPUTS = [
      "--shards is for fineweb-edu data, not arithmetic"),  # a flag for other data is refused, not ignored
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--modulus=7"], 2,
      "--modulus is for --field=mod, not --field=int"),
+    ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--modulus=7"], 2,
+     "--modulus is for arithmetic data (--field=mod), not shakespeare"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
      "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
@@ -142,7 +144,7 @@ BAD_INPUTS = [
     ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, "prunes learned static routers (lime, last-J or "
      "first-J), not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
-    ("train", train_args("--stop-at=12"), 2, "--stop-at=12 is not before the last step (max_steps=12)"),
+    ("train", train_args("--stop-at=13"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
     ("train", train_args("--init-from=/nonexistent/run"), 1, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
     ("train", train_args("--resume"), 1, "--resume: no checkpoint at"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--init-from={r}", "--n-layer=3"), 2,
@@ -308,10 +310,10 @@ DAMAGED = [
     ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "summary.json", "{"),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
                                    str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
-    ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d)], 2,
+    ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--tiers=4,5"], 2,
      "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), with count operands "
-     "(not operators), train_size 100 (not 50000), test_size 10 (not 1000): give another --data-dir, or --overwrite "
-     "to replace it"),
+     "(not operators), tiers 4,5,6 (not 4,5), train_size 100 (not 50000), test_size 10 (not 1000): give another "
+     "--data-dir, or --overwrite to replace it"),
     ("prepare_data", then(lambda d, r, t: write(d / "meta.json", "{"),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d)]), 2,
      "holds arithmetic data that cannot be read ("),

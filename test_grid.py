@@ -6,9 +6,11 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import arithmetic
 import grid
 import train
 from conftest import error_of, snapshot
@@ -104,3 +106,11 @@ def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this
             "--data-root", str(tmp_path / "data"), *flags]
     assert message in error_of(grid.main, args, capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_modulus_sets_the_mod_field_alone():
+    """--modulus with int and mod: the int regime is the int data there is, which prepare_data.py makes."""
+    args = SimpleNamespace(fields="int,mod", targets="steps", count="operators", tiers="4,5,6", modulus=7)
+    tasks = dict(grid.regimes(args))
+    assert tasks["int-steps-operators-4-5-6"] == arithmetic.Task(field="int", count="operators", target="steps")
+    assert tasks["mod7-steps-operators-4-5-6"].modulus == 7

@@ -206,8 +206,8 @@ def train(cfg, run):
         mask_routers(raw_model, mask, optimizer)
     if cfg.router_top_p > 0 and cfg.prune_at >= cfg.max_steps:
         raise UsageError(f"--prune-at={cfg.prune_at} is not before the last step (max_steps={cfg.max_steps})")
-    if cfg.stop_at >= cfg.max_steps:  # it would be ignored: the run ends at max_steps anyway
-        raise UsageError(f"--stop-at={cfg.stop_at} is not before the last step (max_steps={cfg.max_steps})")
+    if cfg.stop_at > cfg.max_steps:  # it would be ignored: the run ends at max_steps (--stop-at=max_steps: there)
+        raise UsageError(f"--stop-at={cfg.stop_at} is past the last step (max_steps={cfg.max_steps})")
     compiled = cfg.compile == "on" or (cfg.compile == "auto" and device_type == "cuda")
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
