@@ -346,18 +346,18 @@ def parse_args(argv):
                    help="replace the --json file if it exists (without it: an error, except that --suite goes on "
                         "from the parts a file of its own holds)")
     p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
-    args = p.parse_args(argv)
+    args, given = p.parse_args(argv), p.given(argv)
 
     args.device = pick_device(args.device)
     # the flags of the models' timing, which --kernels would ignore
     models_only = [flag for flag in ("warmup", "gen_tokens", "gen_repeats", "compile", "fresh_processes")
-                   if getattr(args, flag) != p.get_default(flag)]
+                   if flag in given]
     is_cuda = args.device.startswith("cuda")
     args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
     chosen = [flag for flag in ("shape", "routers", "depths", "n_layer", "batch_size", "block_size")
-              if getattr(args, flag) != p.get_default(flag)]  # the models measured, which --suite and --kernels fix
+              if flag in given]  # the models measured, which --suite and --kernels fix
     args.routers = list(dict.fromkeys(r.strip() for r in args.routers.split(",") if r.strip()))  # each once
     if not args.routers:
         raise UsageError("--routers names no router")

@@ -52,6 +52,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, like every other bad input, not argparse's usage block
         raise UsageError(message)
 
+    def given(self, argv=None):
+        """The dests of the flags that the command line `argv` (by default sys.argv) names, whatever their
+        values. For a flag that another mode would ignore: comparing its value with its default instead
+        would let it through when given at its default value (`--shards=32`)."""
+        unset = object()  # parsed into a namespace that has every dest already, argparse sets no defaults
+        dests = dict.fromkeys(vars(self.parse_args(argv)), unset)
+        return {k for k, v in vars(self.parse_args(argv, argparse.Namespace(**dests))).items() if v is not unset}
+
 
 def fail(script, message, code):
     """One line on stderr, then exit with `code`."""

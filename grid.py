@@ -102,7 +102,7 @@ def main(argv=None):
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
         except DataError as e:
             raise UsageError(str(e)) from None
-        if args.modulus != p.get_default("modulus") and "mod" not in {task.field for _, task in grid}:
+        if "modulus" in p.given(argv) and "mod" not in {task.field for _, task in grid}:
             raise UsageError(f"--modulus is for the mod field, and --fields={args.fields} has none")
         if min(seeds) < 0:
             raise UsageError(f"--seeds must be >= 0, got {min(seeds)}")

@@ -198,10 +198,10 @@ def main(argv=None):
                                                             "(arithmetic); files downloaded or made before (the rest)")
     goes_on = ": run the same command again to go on (a partial download resumes from its .part file)"
     with one_line_errors("prepare_data.py", interrupted=goes_on):
-        args = p.parse_args(argv)
+        args, given = p.parse_args(argv), p.given(argv)
         for flag, scope in scopes.items():  # a flag for other data would be ignored: say so instead
             dest, fields = flag[2:].replace("-", "_"), [f for f in scope if f in ("int", "mod")]
-            if getattr(args, dest) == p.get_default(dest):
+            if dest not in given:
                 continue
             if args.name not in scope:
                 names, field = [s for s in scope if s not in fields], f" (--field={fields[0]})" if fields else ""

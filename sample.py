@@ -141,7 +141,7 @@ def main(argv=None):
     with one_line_errors("sample.py"):
         args = p.parse_args(argv)
         generation = [k for k in ("start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed")
-                      if getattr(args, k) != p.get_default(k)]  # flags that --eval would ignore
+                      if k in p.given(argv)]  # flags that --eval would ignore
         if args.eval and generation:
             raise UsageError("--eval scores the run on its fixed evaluation sets, without sampling: not with "
                              + ", ".join("--" + k.replace("_", "-") for k in generation))

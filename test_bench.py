@@ -183,6 +183,7 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
     (["--suite", "--sweep"], "--sweep times the Triton kernels, which do not run on cpu"),
     (["--kernels", "--warmup", "2", "--compile", "on"], "--kernels times the op alone, no model: not with --warmup, "
                                                         "--compile"),
+    (["--kernels", "--compile", "auto"], "--kernels times the op alone, no model: not with --compile"),  # the default
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):

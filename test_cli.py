@@ -101,6 +101,8 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,
      "--eval scores the run on its fixed evaluation sets, without sampling: not with --top-k, --seed"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--seed", "1337"], 2,  # given at its default: refused too
+     "without sampling: not with --seed"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
      "no arithmetic data in"),
@@ -115,6 +117,8 @@ BAD_INPUTS = [
      "invalid choice: 'both'"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--shards=3"], 2,
      "--shards is for fineweb-edu data, not arithmetic"),  # a flag for other data is refused, not ignored
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--shards=32"], 2,
+     "--shards is for fineweb-edu data, not arithmetic"),  # ... at its default value too
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--modulus=7"], 2,
      "--modulus is for --field=mod, not --field=int"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--modulus=7"], 2,
@@ -126,6 +130,8 @@ BAD_INPUTS = [
     ("grid", lambda a, r, t: ["--seeds", "1,two", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
      "--seeds and --tiers take numbers"),
     ("grid", lambda a, r, t: ["--fields", "int", "--modulus", "7", "--out-dir", str(t / "g"), "--data-root",
+                              str(t / "d")], 2, "--modulus is for the mod field, and --fields=int has none"),
+    ("grid", lambda a, r, t: ["--fields", "int", "--modulus", "11", "--out-dir", str(t / "g"), "--data-root",
                               str(t / "d")], 2, "--modulus is for the mod field, and --fields=int has none"),
 
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
