@@ -187,7 +187,17 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="
                          f"{config.micro_batch_size} x {world} processes")
     pick_device(config.device)
+    if ckpt is not None or not config.epochs > 0:  # a length in epochs is in steps once the data is read
+        check_last_step(config)
     return config, ckpt, init, dry_run
+
+
+def check_last_step(config):
+    """--prune-at and --stop-at against the run's last step: a UsageError for one that would never happen."""
+    if config.router_top_p > 0 and config.prune_at >= config.max_steps:
+        raise UsageError(f"--prune-at={config.prune_at} is not before the last step (max_steps={config.max_steps})")
+    if config.stop_at > config.max_steps:  # it would be ignored: the run ends at max_steps (--stop-at=max_steps: there)
+        raise UsageError(f"--stop-at={config.stop_at} is past the last step (max_steps={config.max_steps})")
 
 
 def data_folder(presets, preset, data):

@@ -151,6 +151,8 @@ BAD_INPUTS = [
      "first-J), not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
     ("train", train_args("--stop-at=13"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
+    ("train", train_args("--stop-at=13", "--dry-run"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
+    ("train", train_args("--router-top-p=0.9", "--prune-at=12", "--dry-run"), 2, "--prune-at=12 is not before the"),
     ("train", train_args("--init-from=/nonexistent/run"), 1, "--init-from: no checkpoint at /nonexistent/run/ckpt.pt"),
     ("train", train_args("--resume"), 1, "--resume: no checkpoint at"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--init-from={r}", "--n-layer=3"), 2,

@@ -204,10 +204,7 @@ def train(cfg, run):
     if mask is not None:  # a pruned model stays pruned (the run saves the mask with its checkpoints)
         mask = run.router_mask = {name: keep.to(device) for name, keep in mask.items()}
         mask_routers(raw_model, mask, optimizer)
-    if cfg.router_top_p > 0 and cfg.prune_at >= cfg.max_steps:
-        raise UsageError(f"--prune-at={cfg.prune_at} is not before the last step (max_steps={cfg.max_steps})")
-    if cfg.stop_at > cfg.max_steps:  # it would be ignored: the run ends at max_steps (--stop-at=max_steps: there)
-        raise UsageError(f"--stop-at={cfg.stop_at} is past the last step (max_steps={cfg.max_steps})")
+    runs.check_last_step(cfg)  # (a length in epochs is known in steps only now)
     compiled = cfg.compile == "on" or (cfg.compile == "auto" and device_type == "cuda")
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
