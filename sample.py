@@ -127,7 +127,8 @@ def main(argv=None):
                                    "(default: random test expressions or questions, or <|endoftext|>)")
     p.add_argument("--num-samples", type=int, default=3,
                    help="how many samples to generate (one for a prompt decoded greedily: they would be the same)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample at most")
+    p.add_argument("--max-new-tokens", type=int, default=200,
+                   help="tokens to generate per sample at most (and no further than the model's block size)")
     p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy "
                                                      "(default: 0 for arithmetic and prosqa, 0.8 for language)")
     p.add_argument("--top-k", type=int, help="sample only from the k >= 1 most likely tokens "
