@@ -164,7 +164,9 @@ def check_flags(cmd):
 
 def run_grid(runs, args, extra):
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    env = dict(os.environ, OMP_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+    # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
+    # which would otherwise start one per core in every run
+    env = dict(os.environ, OMP_NUM_THREADS=threads, TORCHINDUCTOR_COMPILE_THREADS=threads, PYTHONUNBUFFERED="1")
     todo, running, failed, started = [], {}, [], time.time()
     dirs = []
     for name, router, seed, data_dir, block, vocab in runs:

@@ -32,7 +32,7 @@ class TrainInThisProcess:
     """Stands in for subprocess.Popen in grid.py."""
 
     def __init__(self, cmd, stdout, stderr, env):
-        assert env["OMP_NUM_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
+        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
         self.returncode = train_here(cmd, stdout)
 
     def poll(self):
