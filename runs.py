@@ -219,7 +219,6 @@ def resume_checkpoint(cls, cfg, given):
         saved = check_config({k: v for k, v in ckpt["config"].items() if k not in anew}, path, cls)
     except DataError as e:
         raise DataError(f"--resume: {e}") from None
-    saved["data_dir"] = str(Path(saved["data_dir"] or f"data/{saved['data']}").resolve())  # older runs: relative
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
@@ -499,6 +498,8 @@ def check_config(config, path, cls):
     older run lacks at their defaults, keys of no field left out. Otherwise a DataError naming the file and the
     field (not a flag: the file is at fault, not the command line)."""
     names = {f.name for f in dataclasses.fields(cls)}
+    if "data" in names and "data" not in config:  # every run has saved it: its default would name other data
+        raise DataError(f"{path}: its saved config names no data (no 'data')")
     values = {**dataclasses.asdict(cls()), **{k: v for k, v in config.items() if k in names}}
     where = ""
     try:
@@ -513,6 +514,8 @@ def check_config(config, path, cls):
     except (DataError, ValueError, TypeError, KeyError) as e:
         problem = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m[1].replace("-", "_"), str(e))  # cls, Task: flags
         raise DataError(f"{path}: in its saved config, {where}{problem}") from None
+    if "data_dir" in values:  # absolute, as train.py saves it (older runs: relative, or none saved)
+        values["data_dir"] = str(Path(values["data_dir"] or f"data/{values['data']}").resolve())
     return values
 
 
@@ -520,7 +523,7 @@ def saved_config(ckpt, out_dir, data_dir=None):
     """The config saved in a checkpoint read from out_dir, checked (check_config), as attributes (cfg.data,
     cfg.block_size, ...): the fields of EvalConfig. `data_dir`, if given, in place of the saved one."""
     cfg = SimpleNamespace(**check_config(ckpt["config"], Path(out_dir) / "ckpt.pt", EvalConfig))
-    cfg.data_dir = data_dir or cfg.data_dir or f"data/{cfg.data}"  # (older runs: none saved)
+    cfg.data_dir = data_dir or cfg.data_dir
     return cfg
 
 

@@ -61,6 +61,7 @@ def test_every_config_train_saves_is_read_back():
     fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
     for preset in train.PRESETS:  # (the arith preset's epochs=200: an int is a number too)
         saved = dataclasses.asdict(train.TrainConfig(**{**train.PRESETS[preset], "preset": preset}))
+        saved["data_dir"] = runs.data_folder(train.PRESETS, preset, saved["data"])  # absolute, as train.py saves it
         for cls in (train.TrainConfig, runs.EvalConfig):
             assert runs.check_config(saved, "ckpt.pt", cls) == {f.name: saved[f.name] for f in dataclasses.fields(cls)}
 
@@ -274,6 +275,8 @@ DAMAGED = [
     # a saved config that train.py would not have written: the file and the field, never a flag
     ("sample", then(hand_edit(data="nope"), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
      "ckpt.pt: in its saved config, data='nope': choose from fineweb-edu, shakespeare, arithmetic, prosqa"),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["config"].pop("data")),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1, "ckpt.pt: its saved config names no data"),
     ("sample", then(hand_edit(data_dir=5), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt: in its saved config, data_dir must be a string, got 5"),
     ("sample", then(hand_edit(task="x"), lambda d, r, t: ["--out-dir", str(r)]), 1,
