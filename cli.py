@@ -159,10 +159,11 @@ def read_json(path, keys=()):
 
 def atomic_write(path, write):
     """Call write(f) on a temporary file beside `path`, then rename it into place: a reader sees
-    the old file or the new one, never half of one."""
+    the old file or the new one, never half of one. The temporary file is this process's own, so two
+    processes writing one file (two runs that generate their preset's data at once) do not collide."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             write(f)

@@ -56,6 +56,21 @@ def test_no_script_imports_another():
         assert not imported & scripts, (name, imported & scripts)
 
 
+def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
+    """Two runs of an offline preset started at once both generate its data: each write goes through a
+    temporary file of its own, so neither renames the other's away (a FileNotFoundError once)."""
+    path = tmp_path / "train.txt"
+
+    def first(f):
+        f.write(b"the same lines\n")
+        with monkeypatch.context() as other:  # meanwhile, another process writes the same file, whole
+            other.setattr(cli.os, "getpid", lambda: 1)
+            cli.atomic_write(path, lambda g: g.write(b"the same lines\n"))
+
+    cli.atomic_write(path, first)
+    assert path.read_bytes() == b"the same lines\n" and list(tmp_path.iterdir()) == [path]
+
+
 def test_every_config_train_saves_is_read_back():
     """The checks a saved config is read back with (runs.check_config: sample.py and analyze.py read EvalConfig's
     fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
