@@ -257,9 +257,22 @@ def cmd_probe(args):
 # table: Table 7, or accuracy per tier over seeds
 
 
+def run_folders(paths):
+    """The run folders among `paths`, each once (a folder given twice is still one run). A file is left out
+    with a line saying so: a glob over the runs (out/quick/*) also finds the curves.png saved beside them."""
+    folders = []
+    for d in dict.fromkeys(Path(p).resolve() for p in paths):
+        if d.is_file():
+            print(f"left out {d}: a file, not a run folder")
+        else:
+            folders.append(d)
+    if not folders:
+        raise UsageError("no run folder among the paths given")
+    return folders
+
+
 def cmd_table(args):
-    # a folder given twice is still one run
-    summaries = [runs.read_summary(d) for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs)]
+    summaries = [runs.read_summary(d) for d in run_folders(args.run_dirs)]
     table = runs.results_table(summaries, args.split)
     print(table)
     return table
@@ -293,7 +306,8 @@ def cmd_curves(args):
     if args.out and Path(args.out).suffix.lower() != ".png":  # never a PNG written over notes.md
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
     groups = {}
-    for d in dict.fromkeys(Path(d).resolve() for d in args.run_dirs):  # a folder given twice is still one run
+    folders = run_folders(args.run_dirs)
+    for d in folders:
         config, rows = eval_rows(d)
         groups.setdefault(runs.seed_group(config), []).append(rows)
     tiers = [int(k.removeprefix("val_acc_")) for seeds in groups.values() for rows in seeds for r in rows
@@ -333,7 +347,7 @@ def cmd_curves(args):
                 ax.fill_between(steps, scale * (mu - sd), scale * (mu + sd), alpha=0.2)  # ± 1 sd
             ax.set(xlabel="step", ylabel=m + (" (%)" if scale > 1 else ""), title=f"{m}, mean ± sd over seeds")
         axes[0][0].legend(fontsize=7)
-        folder = Path(os.path.commonpath([Path(d).resolve() for d in args.run_dirs]))  # of all the runs
+        folder = Path(os.path.commonpath(folders))  # of all the runs
         folder = Path.cwd() if folder == Path(folder.anchor) else folder  # (runs in unrelated trees: not in /)
         write_png(plt, fig, Path(args.out) if args.out else folder / "curves.png")
     return curves

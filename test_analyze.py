@@ -162,8 +162,12 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert "     200       60.0 ± 14.1       30.0 ± 14.1" in out
     assert "     300       80.0 ± 14.1                 -" in out
     assert "its last line was cut short" in out
-    acc_4 = analyze.main(["curves", *dirs[:2], "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])
+    picture = tmp_path / "curves.png"  # where curves saves its picture by default: a glob over the runs finds it
+    picture.write_bytes(b"\x89PNG")
+    acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
+    assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().out
+    assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
     assert "no evaluation with val_acc_5 in all of its 2 run(s)" in error_of(
         analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_5"], capsys, code=1)
     (tmp_path / "empty").mkdir()
