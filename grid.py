@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import read_summary, results_table, run_files
+from runs import Signals, read_summary, results_table, run_files
 
 
 def regimes(args):
@@ -183,36 +184,42 @@ def run_grid(runs, args, extra):
     print(f"grid: {len(runs)} runs, {len(runs) - len(todo)} finished before; {len(todo)} to go, {args.jobs} at a "
           f"time on {threads} thread(s) each; each run's output in <run>/train.out under {args.out_dir}")
     done = len(runs) - len(todo)
-    try:
-        while todo or running:
-            while todo and len(running) < args.jobs:
-                label, out, cmd = todo.pop(0)
-                out.mkdir(parents=True, exist_ok=True)
-                log = open(out / "train.out", "a")
-                running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (label, out, log,
-                                                                                                time.time())
-            time.sleep(0.2)
-            for proc in [q for q in running if q.poll() is not None]:
-                label, out, log, t = running.pop(proc)
-                log.close()
-                done += 1
-                if proc.returncode == 0 and (out / "summary.json").exists():
-                    s = read_summary(out)
-                    accs = ", ".join(f"{split} " + " / ".join(f"{100 * v:.1f}" for k, v in s.items()
-                                                                if re.fullmatch(prefix + r"acc_\d+", k)) + "%"
-                                     for split, prefix in (("test", ""), ("val", "val_")))
-                    print(f"[{done}/{len(runs)}] {label}: {accs} ({(time.time() - t) / 60:.1f} min)", flush=True)
-                else:
-                    lines = (out / "train.out").read_text().strip().splitlines() or ["(no output)"]
-                    failed.append(label)
-                    print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
-    except KeyboardInterrupt:
-        for proc in running:
-            proc.send_signal(2)  # each run saves a checkpoint (train.py handles SIGINT)
-        for proc in running:
-            proc.wait()
-        print("grid.py: interrupted; run the same command again to go on", file=sys.stderr)
-        raise SystemExit(130)
+    # Ctrl-C or SIGTERM (a scheduler, `kill`): passed on to the runs, which save a checkpoint, then waited for, so
+    # that no run goes on training alone, where the same command run again would start it a second time
+    with Signals() as signals:
+        try:
+            while todo or running:
+                while todo and len(running) < args.jobs:
+                    label, out, cmd = todo.pop(0)
+                    out.mkdir(parents=True, exist_ok=True)
+                    log = open(out / "train.out", "a")
+                    running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (label, out, log,
+                                                                                                    time.time())
+                time.sleep(0.2)
+                for proc in [q for q in running if q.poll() is not None]:
+                    label, out, log, t = running.pop(proc)
+                    log.close()
+                    done += 1
+                    if proc.returncode == 0 and (out / "summary.json").exists():
+                        s = read_summary(out)
+                        accs = ", ".join(f"{split} " + " / ".join(f"{100 * v:.1f}" for k, v in s.items()
+                                                                    if re.fullmatch(prefix + r"acc_\d+", k)) + "%"
+                                         for split, prefix in (("test", ""), ("val", "val_")))
+                        print(f"[{done}/{len(runs)}] {label}: {accs} ({(time.time() - t) / 60:.1f} min)", flush=True)
+                    else:
+                        lines = (out / "train.out").read_text().strip().splitlines() or ["(no output)"]
+                        failed.append(label)
+                        print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            signals.stopping = True  # a second signal waits: the runs are saving their checkpoints
+            for proc in running:
+                proc.send_signal(signum)  # train.py saves a checkpoint on either
+            for proc in running:
+                proc.wait()
+            print(f"grid.py: interrupted ({signal.Signals(signum).name}); run the same command again to go on",
+                  file=sys.stderr)
+            raise SystemExit(128 + signum)
     summaries = [read_summary(d) for d in dirs if (d / "summary.json").exists()]
     print(f"grid: {len(summaries)} of {len(runs)} runs finished in {(time.time() - started) / 60:.1f} min")
     tables = {}

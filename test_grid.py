@@ -3,7 +3,9 @@
 import contextlib
 import io
 import json
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -114,3 +116,43 @@ def test_modulus_sets_the_mod_field_alone():
     tasks = dict(grid.regimes(args))
     assert tasks["int-steps-operators-4-5-6"] == arithmetic.Task(field="int", count="operators", target="steps")
     assert tasks["mod7-steps-operators-4-5-6"].modulus == 7
+
+
+def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys):
+    """SIGTERM (a scheduler, `kill`) or Ctrl-C: grid.py passes it on to every run (train.py saves a checkpoint) and
+    waits for them, so that none trains on alone, where the same command run again would start it a second time."""
+    runs = []
+
+    class Training:  # stands in for subprocess.Popen: a run that trains until it is signalled
+        def __init__(self, cmd, stdout, stderr, env):
+            self.returncode, self.signals = None, []
+            runs.append(self)
+
+        def poll(self):
+            if len(runs) == 2 and not self.signals:
+                os.kill(os.getpid(), signal.SIGTERM)  # both runs started: the grid is told to stop
+            return self.returncode
+
+        def send_signal(self, signum):
+            self.signals.append(signum)
+
+        def wait(self):
+            self.returncode = 128 + self.signals[0]
+
+    args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
+    grid_runs = [("regime", router, 1, tmp_path / "data", 16, 24) for router in ("lime", "none")]
+    def as_ctrl_c(signum, frame):  # (SIGTERM not handled by the grid is a failed test, not a killed pytest)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(grid.subprocess, "Popen", Training)
+            with pytest.raises(SystemExit) as e:
+                grid.run_grid(grid_runs, args, [])
+        assert signal.getsignal(signal.SIGTERM) is as_ctrl_c  # the grid's handler is gone again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 143 and [r.signals for r in runs] == [[signal.SIGTERM]] * 2
+    assert all(r.returncode == 143 for r in runs)  # each waited for
+    assert capsys.readouterr().err == "grid.py: interrupted (SIGTERM); run the same command again to go on\n"
