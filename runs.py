@@ -42,7 +42,8 @@ class EvalConfig(GPTConfig):
     """A run's model, its data and how it is evaluated: what sample.py and analyze.py read back of a run (its
     checkpoint's config, checked by check_config), and what train.py's TrainConfig adds training to."""
     data: str = option("fineweb-edu", "dataset", choices=tuple(DATASETS))
-    data_dir: str = option("", "where the dataset is (default data/<data>)")
+    # (--resume may give it anew, for data that moved: what the folder holds is checked against the run's all the same)
+    data_dir: str = option("", "where the dataset is (default data/<data>)", resume="may change")
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
                                    rule=POSITIVE)
     eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",

@@ -366,11 +366,13 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
 
 
 def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path):
-    """--resume without --preset or --data-dir continues on the run's own data. Ending a run early with a
-    lower --max-steps at a step that had an intermediate evaluation evaluates it again, as a final one."""
-    parts, short = tmp_path / "parts", tmp_path / "short"
+    """--resume without --preset or --data-dir continues on the run's own data, and with --data-dir on the same
+    data moved elsewhere. Ending a run early with a lower --max-steps at a step that had an intermediate
+    evaluation evaluates it again, as a final one."""
+    parts, short, moved = tmp_path / "parts", tmp_path / "short", tmp_path / "moved"
     train.main(tiny_args(answer_dir, parts, "--stop-at=6"))
-    train.main(["--out-dir", str(parts), "--resume"])
+    shutil.copytree(answer_dir, moved)
+    train.main(["--out-dir", str(parts), "--resume", f"--data-dir={moved}"])
     assert_same_run(parts, whole_run)
     train.main(tiny_args(answer_dir, short, "--stop-at=6"))
     train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
