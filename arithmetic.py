@@ -300,6 +300,13 @@ def command(regime, data_dir):
     return "python prepare_data.py arithmetic " + " ".join(flags)
 
 
+def damaged_line(path, i, e, meta):
+    """The DataError for line i (from 0) of a split that is not a sample of the task, with the command that
+    makes the folder's data again."""
+    return DataError(f"{path}, line {i + 1}: not a sample of the task ({e}): rebuild it with "
+                     f"`{command(regime(meta), Path(path).parent)} --overwrite`")
+
+
 def holds(data_dir):
     """The regime (see regime()) of the data in data_dir, or None where it holds none of the task's
     files; a DataError where they are unfinished or damaged."""
@@ -429,7 +436,7 @@ class Data(TaskRows):
         self.vocab, splits, self.task, meta = load(cfg.data_dir, cfg.task)
         self.T, n = cfg.block_size, cfg.eval_samples
         # every line is checked where it is read: a damaged file is one line naming it, not a traceback
-        rows = {name: self.encode_rows(Path(cfg.data_dir) / f"{name}.txt", lines[:None if name == "train" else n])
+        rows = {name: self.encode_rows(Path(cfg.data_dir) / f"{name}.txt", lines[:None if name == "train" else n], meta)
                 for name, lines in splits.items() if with_train or name != "train"}
         self.train = rows.get("train", [])
         self.tests = {k: splits[f"test_{k}"][:n] for k in self.task.tiers}
@@ -445,14 +452,14 @@ class Data(TaskRows):
         end = [self.vocab.eos] if self.task.target == "steps" else []
         return self.vocab.encode(line) + end, line.split().index("=") + 1
 
-    def encode_rows(self, path, lines):
+    def encode_rows(self, path, lines, meta):
         rows = []
         for i, line in enumerate(lines):
             try:
                 split_sample(line)  # a number at the end
                 rows.append(self.encode_row(line))
             except (DataError, ValueError) as e:
-                raise DataError(f"{path}, line {i + 1}: not a sample of the task ({e})") from None
+                raise damaged_line(path, i, e, meta) from None
         return rows
 
     def metrics(self, model, device, rank=0, world=1, final=True):

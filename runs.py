@@ -65,7 +65,10 @@ def main(script, argv, cls, presets, train, description=None):
         if "prepare_data.py" not in str(e):
             where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else f" --data-dir {cfg.data_dir}"
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
-        return f"{how} (the offline --preset=tiny needs no download)"
+        # data to download: the preset that needs none, unless it is the one running, or the data is generated
+        offline = "" if cfg.preset == "tiny" or cfg.data == "arithmetic" else \
+            " (the offline --preset=tiny needs no download)"
+        return how + offline
 
     with one_line_errors(script, data_hint):
         cfg, resume, init, dry_run = resolve(argv, cls, presets, description)

@@ -38,8 +38,8 @@ class Codec:
     def __init__(self, cfg):
         self.arithmetic, self.prosqa = cfg.data == "arithmetic", cfg.data == "prosqa"
         if self.arithmetic:
-            self.vocab, self.splits, self.task, _ = arithmetic.load(cfg.data_dir, cfg.task)
-            self.stop = self.vocab.eos
+            self.vocab, self.splits, self.task, self.meta = arithmetic.load(cfg.data_dir, cfg.task)
+            self.stop, self.data_dir = self.vocab.eos, Path(cfg.data_dir)
         else:
             self.enc = gpt2_encoding()
             self.stop = self.enc.eot_token if self.prosqa else None
@@ -63,13 +63,23 @@ class Codec:
     def decode(self, ids):
         return self.vocab.decode(ids) if self.arithmetic else decode_tokens(self.enc, ids)
 
+    def test_prompt(self, tier, i):
+        """The prompt of line i of the arithmetic test split of `tier`: a damaged line is a DataError naming it."""
+        line = self.splits[f"test_{tier}"][i]
+        try:
+            prompt = arithmetic.split_sample(line)[0]
+            self.task.parse(prompt.removesuffix("=").strip())
+        except (DataError, ValueError) as e:
+            raise arithmetic.damaged_line(self.data_dir / f"test_{tier}.txt", i, e, self.meta) from None
+        return prompt
+
 
 def prompts(args, codec, n):
     """The prompt texts: --start (text or FILE:path), else random test expressions or questions, or <|endoftext|>."""
     if args.start is None and codec.arithmetic:
         rng = random.Random(args.seed)
-        tests = [line for k in codec.task.tiers for line in codec.splits[f"test_{k}"]]
-        return [arithmetic.split_sample(line)[0] for line in rng.sample(tests, min(n, len(tests)))]
+        tests = [(k, i) for k in codec.task.tiers for i in range(len(codec.splits[f"test_{k}"]))]
+        return [codec.test_prompt(k, i) for k, i in rng.sample(tests, min(n, len(tests)))]
     if args.start is None and codec.prosqa:
         return random.Random(args.seed).sample(list(codec.answers), min(n, len(codec.answers)))
     text = "<|endoftext|>" if args.start is None else args.start

@@ -267,7 +267,14 @@ DAMAGED = [
     ("train", then(lambda d, r, t: (d / "test_5.txt").unlink(), lambda d, r, t: tiny_args(d, t / "run")), 1,
      "test_5.txt is missing"),
     ("train", then(lambda d, r, t: write(d / "val_4.txt", "1 + x = 3\n"), lambda d, r, t: tiny_args(d, t / "run")), 1,
-     "val_4.txt, line 1: not a sample of the task ('x' is not in the task vocabulary"),
+     ("val_4.txt, line 1: not a sample of the task ('x' is not in the task vocabulary", "--overwrite`")),
+    # sample.py's prompts are test lines: one that is not a sample is the file's fault, not a traceback or --start's
+    ("sample", then(on_the_copy, lambda d, r, t: [write(p, "1 + x = 3\n") for p in d.glob("test_*.txt")],
+                    lambda d, r, t: ["--out-dir", str(r), "--num-samples", "1"]), 1,
+     ("txt, line 1: not a sample of the task (expected a number, got 'x'", "--overwrite`")),
+    ("sample", then(on_the_copy, lambda d, r, t: [write(p, "( 7 + *\n") for p in d.glob("test_*.txt")],
+                    lambda d, r, t: ["--out-dir", str(r), "--num-samples", "1"]), 1,
+     "txt, line 1: not a sample of the task (invalid literal for int()"),
     ("train", lambda d, r, t: ["--preset=tiny", f"--data-dir={t / 'arithmetc-quick'}", f"--out-dir={t / 'run'}"], 1,
      "no arithmetic data in"),  # a mistyped folder is not generated
     ("train", then(lambda d, r, t: (write(t / "lang" / "x_train_000000.bin", bytes(1100)),
