@@ -139,6 +139,8 @@ BAD_INPUTS = [
      "--modulus is for --field=mod, not --field=int"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--modulus=7"], 2,
      "--modulus is for arithmetic data (--field=mod), not shakespeare"),
+    ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), f"--url={t / 'input.txt'}"], 2,
+     "input.txt: give an http(s) URL: for a file here, put it in "),  # (requests: a traceback, an empty folder)
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
      "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
