@@ -389,7 +389,7 @@ def cmd_prune(args):
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
     before = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
-    mask = prune_routers(model, args.top_p, ckpt.get("router_mask"))
+    mask = prune_routers(model, args.top_p, runs.pruning_mask(ckpt, model, Path(args.out_dir) / "ckpt.pt"))
     after = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
 
     counts = pruned_counts(model, mask)

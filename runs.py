@@ -29,6 +29,7 @@ from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, folder_p
                  pick_device, read_json, show_value)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
+from pruning import prunable_routers
 
 # a folder with any of these holds a run, or what analyze.py made of one: --overwrite deletes them all, and
 # without it nothing is written there
@@ -354,9 +355,10 @@ class Run:
         if self.init is not None:
             try:
                 model.load_state_dict(self.init["model"])
-            except RuntimeError as e:
-                raise UsageError(f"--init-from: {self.cfg.init_from} does not fit: {load_problem(e)}") from None
-            return 0, self.init.get("router_mask")
+            except RuntimeError as e:  # (its shape is the model's: the file is at fault)
+                raise DataError(f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'} holds weights its config does "
+                                f"not describe ({load_problem(e)})") from None
+            return 0, pruning_mask(self.init, model, f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'}")
         if self.resume is not None:
             try:
                 model.load_state_dict(self.resume["model"])
@@ -364,7 +366,7 @@ class Run:
             except (RuntimeError, ValueError, KeyError) as e:
                 raise DataError(f"--resume: {self.out_dir / 'ckpt.pt'} holds weights or an optimiser state its "
                                 f"config does not describe ({load_problem(e)})") from None
-            return self.resume["step"], self.resume.get("router_mask")
+            return self.resume["step"], pruning_mask(self.resume, model, f"--resume: {self.out_dir / 'ckpt.pt'}")
         return 0, None
 
     def begin(self):
@@ -469,7 +471,25 @@ def read_checkpoint(out_dir):
                         f"not {kinds[k].__name__}")
     if wrong:
         raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
+    if ckpt["step"] < 0:
+        raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
     return ckpt
+
+
+def pruning_mask(ckpt, model, path):
+    """The pruning mask a checkpoint holds for `model`, or None: {name: bool tensor} over exactly the model's
+    prunable router weights, as train.py saves it; a DataError naming the file otherwise."""
+    mask = ckpt.get("router_mask")
+    if mask is None:
+        return None
+    try:
+        want = {name: router.weights().shape for name, router in prunable_routers(model).items()}
+    except UsageError:  # a model with nothing to prune
+        want = {}
+    if not (isinstance(mask, dict) and set(mask) == set(want) and all(
+            torch.is_tensor(keep) and keep.dtype == torch.bool and keep.shape == want[k] for k, keep in mask.items())):
+        raise DataError(f"{path}: its pruning mask ('router_mask') does not fit the model's router weights")
+    return mask
 
 
 def load_problem(e):

@@ -315,6 +315,13 @@ DAMAGED = [
      ("--resume: ", "ckpt.pt: in its saved config, lr must be positive, got 0")),  # (not --lr: no flag gave it)
     ("train", then(on_the_copy, hand_edit(preset=["tiny"]), resume), 1,
      "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
+        2, dtype=torch.bool)})), resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    ("analyze", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask="x")),
+                     lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1, "its pruning mask ('router_mask')"),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=-3)), lambda d, r, t: ["--out-dir",
+                                                                                                     str(r)]), 1,
+     "is not a checkpoint of train.py: its 'step' is -3"),
     ("train", then(hand_edit(n_embd=30), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "ckpt.pt: in its saved config, n_embd=30 must split into n_head=2 heads of even size")),
     ("analyze", then(lambda d, r, t: write(d / "meta.json", "{"),
