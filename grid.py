@@ -113,6 +113,10 @@ def main(argv=None):
                 parse_router(router)
             except ValueError as e:
                 raise UsageError(f"--routers: {e}") from None
+        whole = "the grid runs every run to its end (Ctrl-C stops them all; the same command goes on)"
+        ours = {"--max-steps": "the grid sets every run's length, with --epochs", "--stop-at": whole, "--dry-run": whole}
+        for flag in [token.split("=")[0] for token in extra if token.split("=")[0] in ours]:  # (train.py takes them)
+            raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
         for flag in ("out_dir", "data_root"):
             problem = folder_problem(getattr(args, flag))
             if problem:

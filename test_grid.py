@@ -96,6 +96,9 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
     (["--", "--resume"], "the flags for train.py: --resume continues the run in --out-dir and --overwrite deletes"),
     (["--", "--see=5"], "the flags for train.py: --seed is the grid's to set, run by run"),  # an abbreviation too
+    (["--", "--max-steps=5"], "the flags for train.py: --max-steps: the grid sets every run's length, with --epochs"),
+    (["--", "--dry-run"], "the flags for train.py: --dry-run: the grid runs every run to its end"),
+    (["--", "--stop-at", "3"], "the flags for train.py: --stop-at: the grid runs every run to its end"),
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
