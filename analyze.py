@@ -310,9 +310,11 @@ def cmd_curves(args):
     for d in folders:
         config, rows = eval_rows(d)
         groups.setdefault(runs.seed_group(config), []).append(rows)
-    tiers = [int(k.removeprefix("val_acc_")) for seeds in groups.values() for rows in seeds for r in rows
-             for k in r if re.fullmatch(r"val_acc_\d+", k)]
-    metric = args.metric or (f"val_acc_{max(tiers)}" if tiers else "val_loss")  # the hardest tier, by default
+    tiers = [{int(k.removeprefix("val_acc_")) for r in rows for k in r if re.fullmatch(r"val_acc_\d+", k)}
+             for seeds in groups.values() for rows in seeds]  # each run's
+    if not args.metric and any(tiers) and not set.intersection(*tiers):
+        raise UsageError("these runs share no tier of validation accuracy: give --metric (val_loss, say)")
+    metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}
     for (regime, router, preset, steps), seeds in groups.items():

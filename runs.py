@@ -621,7 +621,11 @@ def results_table(summaries, split="test"):
     layout instead: the metric and its change relative to the `lime` run."""
     prefix = "val_" if split == "val" else ""
     acc = re.compile(rf"{prefix}acc_(\d+)")
-    tiers = set.intersection(*({int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries))
+    per_run = [{int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries]
+    tiers = set.intersection(*per_run)
+    if not tiers and any(per_run):  # (not a table of perplexities in their place)
+        raise UsageError(f"these runs share no tier of {split} accuracy (theirs: "
+                         f"{'; '.join(sorted({','.join(map(str, sorted(t))) or 'none' for t in per_run}))})")
     metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
         (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
     if not all(isinstance(s.get(m), (int, float)) for s in summaries for m in metrics):

@@ -176,6 +176,27 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
                                                                    capsys, code=1)
 
 
+def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, capsys):
+    """Runs that share no tier: table and curves say so (before, table fell back to perplexity alone and
+    curves blamed the runs' logs)."""
+    dirs = []
+    for tiers in ((4, 5, 6), (2, 3)):
+        d = tmp_path / "-".join(map(str, tiers))
+        d.mkdir()
+        task = dataclasses.asdict(arithmetic.Task(field="mod", count="operators", target="answer", tiers=tiers))
+        accs = {f"{prefix}acc_{k}": 0.5 for k in tiers for prefix in ("", "val_")}
+        (d / "summary.json").write_text(json.dumps(dict(router="lime", task=task, seed=1, val_ppl=2.0, **accs)))
+        (d / "config.json").write_text(json.dumps(dict(router="lime", task=task, seed=1, max_steps=10)))
+        (d / "log.jsonl").write_text(json.dumps(dict(step=10, val_loss=1.0, **accs)) + "\n")
+        dirs.append(str(d))
+    assert "these runs share no tier of test accuracy (theirs: 2,3; 4,5,6)" in error_of(
+        analyze.main, ["table", *dirs], capsys)
+    assert "share no tier of val accuracy" in error_of(analyze.main, ["table", "--split", "val", *dirs], capsys)
+    assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
+    assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
+        "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
+
+
 def test_ablation_table_with_a_zero_reference(tmp_path):
     dirs = []
     for router, acc in (("lime", 0.0), ("none", 0.25)):  # two short runs: lime solved nothing at 6 operands
