@@ -86,10 +86,10 @@ def prompts(args, codec, n):
     if text.startswith("FILE:"):
         try:
             text = Path(text[5:]).read_text(encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"--start {args.start}: {e.strerror}") from None
+        except OSError as e:  # a file the command reads: exit 1, as for any other
+            raise DataError(f"--start {args.start}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise UsageError(f"--start {args.start}: not UTF-8 text") from None
+            raise DataError(f"--start {args.start}: not UTF-8 text") from None
     if not text.strip():
         raise UsageError("--start is empty: give some text (or leave it out)")
     return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
@@ -151,8 +151,9 @@ def main(argv=None):
                                                        "questions (prosqa)")
     with one_line_errors("sample.py"):
         args = p.parse_args(argv)
+        given = p.given(argv)
         generation = [k for k in ("start", "num_samples", "max_new_tokens", "temperature", "top_k", "seed")
-                      if k in p.given(argv)]  # flags that --eval would ignore
+                      if k in given]  # flags that --eval would ignore
         if args.eval and generation:
             raise UsageError("--eval scores the run on its fixed evaluation sets, without sampling: not with "
                              + ", ".join("--" + k.replace("_", "-") for k in generation))
@@ -175,6 +176,9 @@ def main(argv=None):
         codec = Codec(cfg)
         if args.temperature is None:
             args.temperature = 0.0 if codec.stop is not None else 0.8
+        if args.temperature == 0 and "top_k" in given:  # greedy decoding takes the most likely token: no cut
+            raise UsageError("--top-k cuts what sampling draws from, and this decodes greedily (temperature 0, the "
+                             "default for arithmetic and prosqa): give --temperature too")
         if args.top_k is None and codec.stop is None:
             args.top_k = 200
         torch.manual_seed(args.seed)

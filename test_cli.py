@@ -113,6 +113,8 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
      "--top-k must be positive"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "5"], 2, "--top-k cuts what sampling draws from, and "
+     "this decodes greedily (temperature 0, the default for arithmetic and prosqa): give --temperature too"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,

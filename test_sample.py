@@ -84,11 +84,17 @@ def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path
     (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
     (["--start", "7 + x"], "expected a number, got 'x'"),
     (["--start", "1000 - 1"], "1000 is out of the task's range 0..999"),
-    (["--start", "FILE:/nonexistent/prompt.txt"], "No such file or directory"),
 ])
 def test_sample_bad_input(arith_run, capsys, args, message):
     err = error_of(sample.main, ["--out-dir", str(arith_run), *args], capsys)
     assert err.startswith("sample.py: error: ") and message in err
+
+
+def test_a_prompt_file_that_cannot_be_read_is_exit_1(arith_run, tmp_path, capsys):
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    for name, message in (("missing.txt", "No such file or directory"), ("latin1.txt", "not UTF-8 text")):
+        err = error_of(sample.main, ["--out-dir", str(arith_run), "--start", f"FILE:{tmp_path / name}"], capsys, code=1)
+        assert err == f"sample.py: error: --start FILE:{tmp_path / name}: {message}"
 
 
 def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
