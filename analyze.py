@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -260,14 +261,12 @@ def cmd_probe(args):
 def run_folders(paths):
     """The run folders among `paths`, each once (a folder given twice is still one run). A file is left out
     with a line saying so: a glob over the runs (out/quick/*) also finds the curves.png saved beside them."""
-    folders = []
-    for d in dict.fromkeys(Path(p).resolve() for p in paths):
-        if d.is_file():
-            print(f"left out {d}: a file, not a run folder")
-        else:
-            folders.append(d)
+    paths = list(dict.fromkeys(Path(p).resolve() for p in paths))
+    folders, files = [d for d in paths if not d.is_file()], [d for d in paths if d.is_file()]
     if not folders:
-        raise UsageError("no run folder among the paths given")
+        raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
+    for f in files:
+        print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
     return folders
 
 
@@ -311,7 +310,7 @@ def cmd_curves(args):
         config, rows = eval_rows(d)
         groups.setdefault(runs.seed_group(config), []).append(rows)
     tiers = [{int(k.removeprefix("val_acc_")) for r in rows for k in r if re.fullmatch(r"val_acc_\d+", k)}
-             for seeds in groups.values() for rows in seeds]  # each run's
+             for seeds in groups.values() for rows in seeds if rows]  # each run's that has evaluated
     if not args.metric and any(tiers) and not set.intersection(*tiers):
         raise UsageError("these runs share no tier of validation accuracy: give --metric (val_loss, say)")
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest

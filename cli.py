@@ -13,6 +13,7 @@ Each ends with one line on stderr, and what was there before stays as it was.
 """
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -170,6 +171,23 @@ def atomic_write(path, write):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # what a process killed while writing left
+        pid = stale.name[len(path.name) + 1:-len(".tmp")]
+        if pid.isdigit() and not running(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def running(pid):
+    """Whether process `pid` is running (on Windows, where signal 0 is Ctrl-C: assumed so)."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 # -----------------------------------------------------------------------------

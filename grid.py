@@ -14,7 +14,8 @@ interrupted one resumes from its checkpoint. A finished run is kept, never redon
 over finished runs is an error, so give another --out-dir for another budget (the flags after '--' are
 not compared with a finished run's: keep them as they were). Everything is checked before anything is
 written: its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the
-grid sets run by run: --router, --seed, --epochs, the folders), and what the folders hold already.
+grid sets run by run: --router, --seed, --epochs, the folders; nor --max-steps, --stop-at or --dry-run),
+and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -115,8 +116,9 @@ def main(argv=None):
                 raise UsageError(f"--routers: {e}") from None
         whole = "the grid runs every run to its end (Ctrl-C stops them all; the same command goes on)"
         ours = {"--max-steps": "the grid sets every run's length, with --epochs", "--stop-at": whole, "--dry-run": whole}
-        for flag in [token.split("=")[0] for token in extra if token.split("=")[0] in ours]:  # (train.py takes them)
-            raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
+        for name in [token.split("=")[0] for token in extra if token.startswith("--")]:  # as train.py reads them,
+            for flag in [f for f in ours if len(name) >= 4 and f.startswith(name)]:  # abbreviated too (--dry)
+                raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
         for flag in ("out_dir", "data_root"):
             problem = folder_problem(getattr(args, flag))
             if problem:
@@ -197,8 +199,9 @@ def run_grid(runs, args, extra):
                     label, out, cmd = todo.pop(0)
                     out.mkdir(parents=True, exist_ok=True)
                     log = open(out / "train.out", "a")
-                    running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (label, out, log,
-                                                                                                    time.time())
+                    with signals.hold():  # a signal waits until the new run is among those it is passed on to
+                        running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (
+                            label, out, log, time.time())
                 time.sleep(0.2)
                 for proc in [q for q in running if q.poll() is not None]:
                     label, out, log, t = running.pop(proc)

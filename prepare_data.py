@@ -210,7 +210,7 @@ def main(argv=None):
                 raise UsageError(f"{flag} is for --field={fields[0]}, not --field={args.field}")
         data_dir = args.data_dir or os.path.join("data", args.name)
         for flag, value in (("--url", args.url), ("--base-url", args.base_url)):
-            if value and not value.startswith(("http://", "https://")):  # (requests would raise MissingSchema)
+            if value is not None and not value.startswith(("http://", "https://")):  # (requests: MissingSchema)
                 local = f": for a file here, put it in {data_dir} as input.txt" if flag == "--url" else ""
                 raise UsageError(f"{flag}={value}: give an http(s) URL{local}")
         if folder_problem(data_dir):

@@ -43,8 +43,7 @@ class EvalConfig(GPTConfig):
     """A run's model, its data and how it is evaluated: what sample.py and analyze.py read back of a run (its
     checkpoint's config, checked by check_config), and what train.py's TrainConfig adds training to."""
     data: str = option("fineweb-edu", "dataset", choices=tuple(DATASETS))
-    # (--resume may give it anew, for data that moved: what the folder holds is checked against the run's all the same)
-    data_dir: str = option("", "where the dataset is (default data/<data>)", resume="may change")
+    data_dir: str = option("", "where the dataset is (default data/<data>)")
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
                                    rule=POSITIVE)
     eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
@@ -224,6 +223,8 @@ def resume_checkpoint(cls, cfg, given):
         saved = check_config({k: v for k, v in ckpt["config"].items() if k not in anew}, path, cls)
     except DataError as e:
         raise DataError(f"--resume: {e}") from None
+    if saved["task"] is not None:  # a task's data is held to the run's regime wherever it is: it may have moved
+        free.append("data_dir")
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")

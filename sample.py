@@ -177,8 +177,9 @@ def main(argv=None):
         if args.temperature is None:
             args.temperature = 0.0 if codec.stop is not None else 0.8
         if args.temperature == 0 and "top_k" in given:  # greedy decoding takes the most likely token: no cut
-            raise UsageError("--top-k cuts what sampling draws from, and this decodes greedily (temperature 0, the "
-                             "default for arithmetic and prosqa): give --temperature too")
+            why = "--temperature 0" if "temperature" in given else "temperature 0, the default for arithmetic and " \
+                "prosqa: give --temperature too"
+            raise UsageError(f"--top-k cuts what sampling draws from, and this decodes greedily ({why})")
         if args.top_k is None and codec.stop is None:
             args.top_k = 200
         torch.manual_seed(args.seed)

@@ -166,7 +166,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     picture.write_bytes(b"\x89PNG")
     acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
-    assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().out
+    assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().err
     assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
     assert "no evaluation with val_acc_5 in all of its 2 run(s)" in error_of(
         analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_5"], capsys, code=1)
@@ -193,6 +193,12 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
         analyze.main, ["table", *dirs], capsys)
     assert "share no tier of val accuracy" in error_of(analyze.main, ["table", "--split", "val", *dirs], capsys)
     assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
+    fresh = tmp_path / "fresh"  # a run that has not evaluated yet: the tiers are the other runs'
+    shutil.copytree(dirs[0], fresh)
+    (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n")
+    (fresh / "config.json").write_text(json.dumps(dict(router="none", task=task, seed=1, max_steps=10)))
+    assert "none, mod11-answer, tiers 2,3 operators, 10 steps: no evaluation with val_acc_3 in all of its 1 run(s)" in \
+        error_of(analyze.main, ["curves", dirs[1], str(fresh)], capsys, code=1)
     assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
 

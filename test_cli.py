@@ -3,6 +3,7 @@ code, and nothing written."""
 
 import ast
 import dataclasses
+import os
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,11 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
 
     cli.atomic_write(path, first)
     assert path.read_bytes() == b"the same lines\n" and list(tmp_path.iterdir()) == [path]
+    # what a process killed while writing left (a checkpoint's can be GBs) goes; a running process's stays
+    killed, writing = tmp_path / "train.txt.999999999.tmp", tmp_path / f"train.txt.{os.getppid()}.tmp"
+    killed.write_bytes(b"half"), writing.write_bytes(b"half")
+    cli.atomic_write(path, lambda f: f.write(b"new"))
+    assert sorted(tmp_path.iterdir()) == [path, writing] and path.read_bytes() == b"new"
 
 
 def test_every_config_train_saves_is_read_back():
@@ -114,7 +120,7 @@ BAD_INPUTS = [
      "--top-k must be positive"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "5"], 2, "--top-k cuts what sampling draws from, and "
-     "this decodes greedily (temperature 0, the default for arithmetic and prosqa): give --temperature too"),
+     "this decodes greedily (temperature 0, the default for arithmetic and prosqa: give --temperature too)"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,
@@ -143,6 +149,8 @@ BAD_INPUTS = [
      "--modulus is for arithmetic data (--field=mod), not shakespeare"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), f"--url={t / 'input.txt'}"], 2,
      "input.txt: give an http(s) URL: for a file here, put it in "),  # (requests: a traceback, an empty folder)
+    ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--url="], 2,
+     "--url=: give an http(s) URL"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
      "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,

@@ -98,6 +98,7 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--", "--see=5"], "the flags for train.py: --seed is the grid's to set, run by run"),  # an abbreviation too
     (["--", "--max-steps=5"], "the flags for train.py: --max-steps: the grid sets every run's length, with --epochs"),
     (["--", "--dry-run"], "the flags for train.py: --dry-run: the grid runs every run to its end"),
+    (["--", "--dry"], "the flags for train.py: --dry-run: the grid runs every run to its end"),  # as train.py reads it
     (["--", "--stop-at", "3"], "the flags for train.py: --stop-at: the grid runs every run to its end"),
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),

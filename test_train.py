@@ -381,6 +381,14 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     assert "acc_3" in json.loads((short / "summary.json").read_text())
 
 
+def test_language_data_cannot_move_under_a_resumed_run(language_run, tmp_path, capsys):
+    """--data-dir anew on --resume is for a task's data, which is checked against the run's regime: token shards
+    say nothing of what they hold, so another folder of them is refused, not trained on."""
+    err = error_of(train.main, ["--out-dir", str(language_run), "--resume", "--max-steps=8", f"--data-dir={tmp_path}",
+                                "--dry-run"], capsys)
+    assert f"--resume: {language_run / 'ckpt.pt'} was trained with data_dir=" in err and f"(not '{tmp_path}')" in err
+
+
 def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     err = error_of(train.main, ["--preset=arith", "--data=shakespeare", "--out-dir=run"], capsys, code=1)
