@@ -56,7 +56,8 @@ class Parser(argparse.ArgumentParser):
     def given(self, argv=None):
         """The dests of the flags that the command line `argv` (by default sys.argv) names, whatever their
         values. For a flag that another mode would ignore: comparing its value with its default instead
-        would let it through when given at its default value (`--shards=32`)."""
+        would let it through when given at its default value (`--shards=32`). For flags that store a value
+        (store, store_true): an append or count action would start from the marker below."""
         unset = object()  # parsed into a namespace that has every dest already, argparse sets no defaults
         dests = dict.fromkeys(vars(self.parse_args(argv)), unset)
         return {k for k, v in vars(self.parse_args(argv, argparse.Namespace(**dests))).items() if v is not unset}

@@ -332,6 +332,8 @@ DAMAGED = [
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=-3)), lambda d, r, t: ["--out-dir",
                                                                                                      str(r)]), 1,
      "is not a checkpoint of train.py: its 'step' is -3"),
+    ("train", then(hand_edit(vocab_size=2048), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+     ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),  # the file's fault
     ("train", then(hand_edit(n_embd=30), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "ckpt.pt: in its saved config, n_embd=30 must split into n_head=2 heads of even size")),
     ("analyze", then(lambda d, r, t: write(d / "meta.json", "{"),
