@@ -278,6 +278,9 @@ FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data fol
 def regime(meta):
     """What makes a folder's data what it is: the task, and the generator's seed and sizes (where known)."""
     sizes = {k: meta[k] for k in SIZES} if all(k in meta for k in SIZES) else {}  # (an old run's: none)
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise DataError(f"its {k!r} is {v!r}, not a whole number")
     return {**dataclasses.asdict(Task.from_meta(meta)), **sizes}
 
 
@@ -388,7 +391,7 @@ def load(data_dir, trained_on=None):
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     meta = read_json(data_dir / "meta.json", keys=("vocab",))
     try:
-        task = Task.from_meta(meta)
+        task, _ = Task.from_meta(meta), regime(meta)
         vocab = Vocab(meta["vocab"])
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None

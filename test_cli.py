@@ -3,6 +3,7 @@ code, and nothing written."""
 
 import ast
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -272,6 +273,9 @@ DAMAGED = [
      "or rebuild it with `python prepare_data.py arithmetic --data-dir "),
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
                    lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),
+    ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()),
+                                                                      "seed": "0"})),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is damaged (its 'seed' is '0', not a whole"),
     ("train", then(lambda d, r, t: write(d / "meta.json", "{}"), lambda d, r, t: tiny_args(d, t / "run")), 1,
      "meta.json is not what this repo writes: it has no 'vocab'"),
     ("train", then(lambda d, r, t: write(d / "train.txt", ""), lambda d, r, t: tiny_args(d, t / "run")), 1,
