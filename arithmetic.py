@@ -391,7 +391,8 @@ def load(data_dir, trained_on=None):
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     meta = read_json(data_dir / "meta.json", keys=("vocab",))
     try:
-        task, _ = Task.from_meta(meta), regime(meta)
+        task = Task.from_meta(meta)
+        regime(meta)  # (its seed and sizes are checked there)
         vocab = Vocab(meta["vocab"])
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
