@@ -10,7 +10,7 @@ over a learned mixture of the K/V of every (layer, head) pair up to and includin
 
 R^(l) is the "router": (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01%
 of the parameters. It starts as the identity on the layer's own heads, so a fresh
-LIMe model begins close to LLaMA; everything else is Kaiming-uniform. Keys and values
+LIMe model begins close to LLaMA; its other entries are Kaiming-uniform. Keys and values
 share one router. Queries are untouched. Routing mixes vectors at one position only,
 and RoPE rotates every head at a position alike, so we route before RoPE and the KV
 cache holds the routed, rotated K/V: exactly the size of a normal cache.
@@ -18,13 +18,12 @@ cache holds the routed, rotated K/V: exactly the size of a normal cache.
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router` and its subclasses, one small class each: the paper's router and its ablations
-    (`none`, `lime`, `average`, `dynamic`, `last-J`, `first-J`). A fork's router is one more
-    class (the README's "Fork it"), and so is a method of the residual stream (`Residual`):
-    baselines.py writes the paper's baseline and two controls so. methods.py maps --router to them.
-  * `Routing`: carries K/V from layer to layer. Training uses the fast path in kernels.py:
-    one op per layer that torch.compile keeps in a single graph, which stores each layer's
-    K/V once (training memory O(L); autograd through a stack per layer, as in the paper's
-    code, is O(L^2)) and moves each K/V slot as few times as it can.
+    (`none`, `lime`, `average`, `dynamic`, `last-J`, `first-J`), and `Residual`, the stream between
+    sub-layers. A fork's idea is one more class of either (README "Fork it"), as are baselines.py's;
+    methods.py maps --router to them.
+  * `Routing`: carries K/V from layer to layer. Training uses kernels.py's fast path: one op per
+    layer, inside torch.compile's single graph, that saves each layer's K/V once (memory O(L);
+    the paper's code, autograd through a stack per layer: O(L^2)).
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis.
 """
@@ -105,7 +104,8 @@ class Router(Method):
     The rest is derived from these: the push of the fast path (Routing), the dense matrix that
     analysis and pruning read (`dense`), whether top-p pruning applies (`prunable`), the FLOP count
     (GPT.estimate_flops) and the initial values (GPT.init_weights: weights that are a Parameter
-    start as the identity on the layer's own heads and Kaiming-uniform elsewhere).
+    start as the identity on the layer's own heads and Kaiming-uniform elsewhere, unless the class
+    has an init_weights() of its own).
     Layer 0 has only itself to read, so its router is `Own` in every mode.
     """
     per_token = False  # True: the weights depend on the input x, so the routing pulls them (see Routing)
@@ -116,7 +116,7 @@ class Router(Method):
         self.layer, self.n_kv = layer, config.n_kv_head
         self.sources = self.source_layers(layer, J)
         assert self.sources == sorted(set(self.sources)) and self.sources[-1] == layer, self.sources
-        self.readers = []  # the later layers that take this layer's push (ascending), filled in by GPT
+        self.pulled = self.per_token or not self.keys  # read by its layer (Routing.pull), not pushed by its sources
 
     def source_layers(self, layer, J):
         return list(range(layer + 1))
@@ -137,10 +137,6 @@ class Router(Method):
         out = R.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
         out[:, self.sources] = R
         return out
-
-    @property
-    def pulled(self):
-        return self.per_token or not self.keys
 
     @property
     def prunable(self):
@@ -183,7 +179,7 @@ class LIMe(Router):
 
 
 class Average(Own):
-    """Layers 0..l of the same head, uniformly: fixed, no learned weight."""
+    """Layers 0..l of the same head, uniformly (Own's equal weights, over more sources): fixed, nothing learned."""
     name = "average"
 
     def source_layers(self, layer, J):
@@ -244,6 +240,9 @@ class Routing:
 
     def __init__(self, routers, reference=False):
         self.routers, self.reference = routers, reference
+        # layer j -> the later layers that take its push: those that read it and are not pulled (ascending)
+        self.readers = [[r.layer for r in routers[j + 1:] if j in r.sources and not r.pulled]
+                        for j in range(len(routers))]
         self.kvs = []  # every layer's own K/V so far (pulling)
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
 
@@ -255,15 +254,16 @@ class Routing:
             sources = [self.kvs[j] for j in router.sources]
             if router.keys:
                 return self.pull(router, sources, x)
+            # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
             v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only
             return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
         # the op adds the partial sums to its first outputs, so the targets that have one come first
-        targets = sorted([layer] + router.readers, key=lambda l: l not in self.partial)
+        targets = sorted([layer] + self.readers[layer], key=lambda l: l not in self.partial)
         partials = [self.partial.pop(l) for l in targets if l in self.partial]
         w = torch.stack([self.routers[l].matrix()[:, self.routers[l].sources.index(layer)]
                          for l in targets])  # (n_targets, n_kv, n_kv): how each target reads this layer
         outs = dict(zip(targets, kernels.route(kv, w, partials)))
-        self.partial.update((l, outs[l]) for l in router.readers)
+        self.partial.update((l, outs[l]) for l in self.readers[layer])
         return outs[layer]
 
     def pull(self, router, sources, x):
@@ -271,6 +271,7 @@ class Routing:
         if self.reference or w.dim() == 3:  # (weights across heads: the stack of route_reference)
             return router.reference(sources, x)
         # within each head, (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed
+        # (.type_as: fp32 weights would promote bf16 K/V under autocast)
         return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(sources[0])
 
 
@@ -329,12 +330,11 @@ class Attention(nn.Module):
         # split before transposing, so the gradient that reaches the routing comes back contiguous
         k, v = (t.transpose(1, 2) for t in kv.split(self.head_dim, dim=-1))  # each (B, n_kv, T, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        causal = True
         if cache is not None:
             assert cache.pos == 0 or T == 1, "after the prompt, the cache takes one token at a time"
-            causal = cache.pos == 0
-            k, v = cache.update(self.layer, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1,
+            k, v = cache.update(self.layer, k, v)  # each (B, n_kv, pos + T, head_dim)
+        # a single query sees every key (SDPA's causal mask is top-left aligned, wrong for 1 query, pos + 1 keys)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
                                            enable_gqa=self.n_kv_head != self.n_head)  # (B, n_head, T, head_dim)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -398,11 +398,8 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
         method, J = parse_router(config.router)
         self.residual = method(config, J) if issubclass(method, Residual) else Residual()
-        # a plain list (the modules are registered in their blocks); each learns who takes its push
+        # every layer's router, or none at all; a plain list (the modules are registered in their blocks)
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
-        for r in self.routers:
-            r.readers = [later.layer for later in self.routers[r.layer + 1:]
-                         if r.layer in later.sources and not later.pulled]
         self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -419,7 +416,7 @@ class GPT(nn.Module):
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
             other allowed source, fan_in being the number of (layer, head) sources a head reads;
-          - a method from outside this file with an init_weights() of its own: what that says.
+          - a method with an init_weights() of its own (baselines.py's, a fork's, a router too): what that says.
         """
         std = 0.02
         for name, module in self.named_modules():
@@ -431,14 +428,14 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, Method) and hasattr(module, "init_weights"):
+                module.init_weights()  # a method from elsewhere (baselines.py, a fork) that sets its own
             elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
                 w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
                 fan_in = w[0].numel()
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
-            elif isinstance(module, Method) and hasattr(module, "init_weights"):
-                module.init_weights()  # a method from elsewhere (baselines.py, a fork) that sets its own
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -504,8 +501,8 @@ class GPT(nn.Module):
         """Per layer l, (n_kv_head, l + 1, n_kv_head): weight from (source layer, source head)
         into each target head. Identity on the own layer where there is no router; for
         `dynamic`, the token-independent part."""
-        own = lambda layer: Own(self.config, layer).to(self.rope_cos.device)  # noqa: E731
-        return [(block.attn.router or own(layer)).dense() for layer, block in enumerate(self.transformer.h)]
+        return [(block.attn.router or Own(self.config, layer).to(self.rope_cos.device)).dense()
+                for layer, block in enumerate(self.transformer.h)]
 
     def num_params(self):
         """Parameter counts by part; the tied embedding is counted once."""
@@ -521,7 +518,8 @@ class GPT(nn.Module):
 
             6 * (weights used in matmuls, the tied head included once, the embedding lookup not)
           + 12 * n_layer * n_head * head_dim * T      (QK^T and AV, non-causal count, as nanoGPT)
-          + 6 * sum_{l > 0} (numbers in R^(l)'s weights()) * 2 * head_dim     (the routing)
+          + 6 * sum_{l > 0} (numbers in R^(l)'s weights()) * 2 * head_dim     (the routing; K and V,
+                                                          or 1 * head_dim for a router of the values alone)
           + what the residual stream adds (Residual.flops(); none for the plain one)
 
         The routing term is what LIMe adds: each routed K/V element is a dot product over the

@@ -463,3 +463,20 @@ def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     bench.main(["--device", "cpu", "--routers", "none,previous", "--n-layer", "3", "--block-size", "16",
                 "--batch-size", "1", "--steps", "1", "--gen-repeats", "0", "--json", str(path)])
     assert [r["router"] for r in json.loads(path.read_text())["runs"][0]["results"]] == ["none", "previous"]
+
+
+def test_a_router_that_sets_its_own_initial_values_keeps_them():
+    """GPT.init_weights gives a learned router the identity and Kaiming-uniform only when it says nothing itself."""
+    class Halves(lime.LIMe):
+        name = "halves"
+
+        @torch.no_grad()
+        def init_weights(self):
+            self.weight.fill_(0.5)
+
+    try:
+        model = small_model("halves")
+        assert [type(r) for r in model.routers] == [lime.Own] + [Halves] * 5  # layer 0 reads only itself
+        assert all(torch.equal(r.weight, torch.full_like(r.weight, 0.5)) for r in model.routers[1:])
+    finally:
+        del methods.ROUTERS[Halves.name]
