@@ -85,6 +85,9 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
+    except BrokenPipeError:  # what reads the output has closed it (`| head`): stop without a word, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
+        sys.exit(128 + signal.SIGPIPE)
 
 
 def show_value(key, value):

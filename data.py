@@ -91,7 +91,7 @@ class TokenData:
     """Random windows of block_size + 1 tokens from the train shards; fixed windows from the start
     of the validation shard (the first eval_tokens), so that every run is evaluated on the same tokens.
     `cfg`: a run's config (a TrainConfig, or the one saved with a checkpoint)."""
-    train_size = vocab_size = longest = None  # windows, not samples: no epochs, any vocabulary fits
+    train_size = longest = None  # windows, not samples: no epochs, any length fits
     label = regime = None  # one data set, no variants
 
     def __init__(self, cfg, with_train=True):
@@ -102,7 +102,10 @@ class TokenData:
             raise DataError(f"validation shard in {cfg.data_dir} is shorter than one block of {T}")
         self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
         self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
-        self.T = T
+        self.T, self.data_dir, self.model_vocab = T, cfg.data_dir, cfg.vocab_size
+        # the vocabulary the tokens need, as far as the validation windows tell (for the caller to check against
+        # the model; reading every train shard for it would take minutes at FineWeb's size): batch() checks the rest
+        self.vocab_size = int(max(self.val_x.max(), self.val_y.max())) + 1
         if with_train:
             self.train = load_tokens(cfg.data_dir, "train")
             self.sizes = np.array([len(s) - T - 1 for s in self.train])
@@ -114,6 +117,9 @@ class TokenData:
         starts = rng.integers(0, self.sizes[shard])
         rows = np.stack([self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, starts)])
         rows = torch.from_numpy(rows)  # (n, T + 1)
+        if rows.max() >= self.model_vocab:  # (an embedding lookup past the table would be a traceback mid-run)
+            raise DataError(f"a train shard in {self.data_dir} holds token id {int(rows.max())}, past the model's "
+                            f"--vocab-size={self.model_vocab}")
         return rows[:, :-1], rows[:, 1:]
 
     def val_batches(self, size, rank, world):

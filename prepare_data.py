@@ -49,7 +49,6 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
         return False
     if dest.exists():
         part.unlink(missing_ok=True)  # a partial download may be of the old file
-    dest.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
         try:
@@ -65,6 +64,7 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                     have = 0
                 total = have + int(r.headers.get("Content-Length", 0))
                 progress = Progress(dest.name, have, total)
+                dest.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed first request leaves no folder
                 with open(part, "ab" if have else "wb") as f:
                     for block in r.iter_content(CHUNK_BYTES):
                         f.write(block)

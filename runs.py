@@ -74,8 +74,9 @@ def main(script, argv, cls, presets, train, description=None):
         cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
         run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
         if dry_run:
-            print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and the checkpoints "
-                  "they name check out; no data was read, nothing was written)")
+            if run.master:  # (under torchrun, once, not once per process)
+                print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and the checkpoints "
+                      "they name check out; no data was read, nothing was written)")
             return None
         with Signals() as run.signals:
             return train(cfg, run)
@@ -640,16 +641,18 @@ def results_table(summaries, split="test"):
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
         return single_run_table(summaries, metrics)
     accuracy = metrics[0] != "val_ppl"
-    scale = 100 if accuracy else 1  # accuracies in %
+    if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
+        metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
+    scale = {m: 100 if "acc" in m else 1 for m in metrics}  # accuracies in %
+    digits = {m: 1 if "acc" in m else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
     head += ["lime ahead, last tier (pts)"] if accuracy else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    digits = 1 if accuracy else 3
-    stats = {key: [mean_sd([scale * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
+    stats = {key: [mean_sd([scale[m] * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
     for (regime, router, *rest), runs in rows.items():
         cells = [regime, router, str(len(runs))]
-        for mu, sd in stats[regime, router, *rest]:
-            cells.append(f"{mu:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(runs) > 1 else ""))
+        for m, (mu, sd) in zip(metrics, stats[regime, router, *rest]):
+            cells.append(f"{mu:.{digits[m]}f}" + (f" ± {sd:.{digits[m]}f}" if len(runs) > 1 else ""))
         lime = stats.get((regime, "lime", *rest))
         if accuracy:  # the means at the last tier
             cells.append("-" if lime is None or router == "lime" else

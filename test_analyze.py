@@ -111,15 +111,16 @@ def test_table_averages_over_seeds(tmp_path):
                 d = tmp_path / regime / f"{router}-{seed}"
                 d.mkdir(parents=True)
                 summary = dict(router=router, task=task, seed=seed, acc_4=0.9, acc_5=0.8, acc_6=acc, val_acc_4=0.9,
-                               val_acc_5=0.8, val_acc_6=acc - 0.1)
+                               val_acc_5=0.8, val_acc_6=acc - 0.1, val_loss=(0.2 if router == "lime" else 0.5) + seed / 10)
                 (d / "summary.json").write_text(json.dumps(summary))
                 dirs.append(str(d))
     table = analyze.main(["table", *dirs])
-    assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
+    head = "| regime | router | seeds | val loss | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
+    assert table.splitlines()[0] == head
     mod, int_ = "| mod11-answer, tiers 4,5,6 operators |", "| int-answer, tiers 4,5,6 operators |"
-    assert f"{mod} lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
-    assert f"{int_} none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
-    assert f"{mod} none | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    assert f"{mod} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
+    assert f"{int_} none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    assert f"{mod} none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
     val = analyze.main(["table", "--split", "val", *dirs])
     twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
     assert "| mod11-answer, tiers 4,5,6 operators | lime | 3 |" in twice and "| 6 |" not in twice
@@ -130,7 +131,7 @@ def test_table_averages_over_seeds(tmp_path):
         (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
     table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
     assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
-    assert f"{int_} lime | 3 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+    assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
 
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):

@@ -24,7 +24,8 @@ import prepare_data
 import runs
 import sample
 import train
-from conftest import error_of, snapshot, tiny_args
+from conftest import PRUNABLE, error_of, snapshot, tiny_args
+from data import write_shard
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
     names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
@@ -43,6 +44,16 @@ def test_ctrl_c_while_torch_loads_is_one_line():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "train.py: interrupted (SIGINT)\n")
+
+
+def test_output_closed_by_its_reader_is_no_traceback():
+    """`python analyze.py ... | head -1`: once head has gone, the script stops without a word."""
+    code = "import cli\nwith cli.one_line_errors('x.py'):\n    for i in range(10**6):\n        print(i)"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == "0\n"
+    proc.stdout.close()
+    assert (proc.wait(timeout=60), proc.stderr.read()) == (128 + signal.SIGPIPE, "")
 
 
 def test_no_script_imports_another():
@@ -176,8 +187,8 @@ BAD_INPUTS = [
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
-    ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, "prunes learned static routers (lime, last-J or "
-     "first-J), not --router=hc"),
+    ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, f"prunes learned static routers ({PRUNABLE}), "
+     "not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
     ("train", train_args("--stop-at=13"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
     ("train", train_args("--stop-at=13", "--dry-run"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
@@ -297,6 +308,13 @@ DAMAGED = [
                                     write(t / "lang" / "x_val_000000.bin", b"")),
                    lambda d, r, t: ["--preset=tiny", "--data=shakespeare", f"--data-dir={t / 'lang'}",
                                     f"--out-dir={t / 'run'}"]), 1, "x_val_000000.bin: not a token shard"),
+    # GPT-2's token ids past the small presets' vocabulary: one line with the flag that fits, not an IndexError
+    ("train", then(lambda d, r, t: (t / "lang").mkdir(),
+                   lambda d, r, t: [write_shard(t / "lang" / f"x_{split}_000000.bin", [5, 2000] * 600)
+                                    for split in ("train", "val")],
+                   lambda d, r, t: ["--preset=tiny", "--data=shakespeare", f"--data-dir={t / 'lang'}",
+                                    f"--out-dir={t / 'run'}"]), 2,
+     "--vocab-size=1024 is smaller than the shakespeare vocabulary (at least 2001): give --vocab-size=50304"),
     ("sample", then(lambda d, r, t: write(r / "ckpt.pt", b""), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is empty"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),

@@ -9,7 +9,8 @@ import torch
 
 import prepare_data
 from conftest import error_of, small_encoding, small_model
-from data import MAGIC, greedy_accuracy, load_tokens
+from cli import DataError
+from data import MAGIC, TokenData, greedy_accuracy, load_tokens, write_shard
 
 def shard_bytes(tokens, magic=MAGIC, count=None):
     header = np.zeros(256, dtype="<i4")
@@ -68,9 +69,24 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
 
 def test_missing_file_is_one_line(serve, tmp_path, capsys):
     server = serve({})
-    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
+    folder = tmp_path / "fineweb"
+    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(folder), "--base-url", server.url],
                    capsys, code=1)
     assert re.match("prepare_data.py: error: .*HTTP 404", err)
+    assert not folder.exists()  # nothing fetched, no folder made
+
+
+def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
+    """The validation windows tell the caller the vocabulary they need; a train batch past the model's is a
+    DataError, not an embedding lookup's IndexError in the middle of a run."""
+    write_shard(tmp_path / "x_val_000000.bin", [3, 7, 9] * 20)
+    write_shard(tmp_path / "x_train_000000.bin", [3, 7, 900] * 20)
+    cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=64))
+    data = TokenData(cfg)
+    assert data.vocab_size == 10  # ids up to 9 in the validation windows
+    with pytest.raises(DataError, match=f"a train shard in {tmp_path} holds token id 900, past the model's "
+                                        "--vocab-size=64"):
+        data.batch(np.random.default_rng(0), 4)
 
 
 def test_shakespeare_tokenised_into_shards(serve, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import arithmetic
 import grid
 import train
-from conftest import error_of, snapshot
+from conftest import PRUNABLE, error_of, snapshot
 
 
 def train_here(cmd, out):
@@ -104,7 +104,7 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
     (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p prunes learned "
-     "static routers (lime, last-J or first-J), not --router=none"),  # each router's flags are checked
+     f"static routers ({PRUNABLE}), not --router=none"),  # each router's flags are checked
 ])
 def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):
     """The flags after -- too, by train.py's own --dry-run: one line, exit 2, no data generated, no run started."""

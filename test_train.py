@@ -346,6 +346,8 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
         printed = capsys.readouterr().out
         config = json.loads(printed.splitlines()[0].removeprefix("config: "))
         assert config["data_dir"] == str(tmp_path / data_dir) and "nothing was written" in printed
+    monkeypatch.setenv("RANK", "1")  # under torchrun the config is printed once, by rank 0
+    assert train.main(["--preset=tiny", "--dry-run"]) is None and capsys.readouterr().out == ""
     assert list(tmp_path.iterdir()) == []
 
 
@@ -394,5 +396,8 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
     err = error_of(train.main, ["--preset=arith", "--data=shakespeare", "--out-dir=run"], capsys, code=1)
     assert f"no val shards in {tmp_path / 'data' / 'shakespeare'}" in err
     err = error_of(train.main, ["--preset=tiny", "--data-dir=data/arithmetc-quick", "--out-dir=run"], capsys, code=1)
-    assert f"no arithmetic data in {tmp_path / 'data' / 'arithmetc-quick'}" in err
+    # the preset's own regime, the one whose samples fit its block (the paper's default regime does not fit tiny's)
+    assert f"no arithmetic data in {tmp_path / 'data' / 'arithmetc-quick'}: run `python prepare_data.py arithmetic " \
+           f"--data-dir {tmp_path / 'data' / 'arithmetc-quick'} --field int --count operands --tiers 4,5,6 " \
+           "--target steps`" in err
     assert list(tmp_path.iterdir()) == []
