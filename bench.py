@@ -432,9 +432,10 @@ def run_suite(args, argv, out):
             raise UsageError(f"--json={args.json} holds the suite of {held[0]}, torch {held[1]}, {held[2]}: give "
                              "another file, or --overwrite to replace it")
         kept = {part["part"]: part for part in old["suite"]}
-    if not args.device.startswith("cuda"):  # (the tests run it so, on shapes they make small)
+    if not args.device.startswith("cuda") and any(f"{s}: {w}" not in kept for s, w in SUITE):  # (tests: small shapes)
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "
-              "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)")
+              "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
+              file=sys.stderr)
     out["suite"] = []
     for shape_name, what in SUITE:
         name, shape = f"{shape_name}: {what}", SHAPES[shape_name]

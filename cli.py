@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import re
+import select
 import signal
 import sys
 from contextlib import contextmanager, nullcontext
@@ -85,9 +86,22 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
-    except BrokenPipeError:  # what reads the output has closed it (`| head`): stop without a word, as `cat` does
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise  # another pipe (a worker's): a fault to see
+        # what reads the output has closed it (`| head`): stop without a word, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
+
+
+def stdout_closed():
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, ValueError, OSError):  # no poll (Windows), or no real stdout (a test's capture)
+        return False
 
 
 def show_value(key, value):

@@ -118,8 +118,9 @@ class TokenData:
         rows = np.stack([self.train[s][o: o + self.T + 1].astype(np.int64) for s, o in zip(shard, starts)])
         rows = torch.from_numpy(rows)  # (n, T + 1)
         if rows.max() >= self.model_vocab:  # (an embedding lookup past the table would be a traceback mid-run)
-            raise DataError(f"a train shard in {self.data_dir} holds token id {int(rows.max())}, past the model's "
-                            f"--vocab-size={self.model_vocab}")
+            raise DataError(f"token id {int(rows.max())} of a train shard is past the model's --vocab-size="
+                            f"{self.model_vocab}, which the validation shard's tokens fit: train a new run with a "
+                            "--vocab-size above it")
         return rows[:, :-1], rows[:, 1:]
 
     def val_batches(self, size, rank, world):

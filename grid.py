@@ -159,10 +159,17 @@ def train_command(router, seed, data_dir, out, args, extra, fit=()):
             f"--eval-samples={args.test_size}", *extra]
 
 
+def alone(**settings):
+    """The environment of one run: this one, without torchrun's variables (under a launcher that sets RANK,
+    each run would otherwise take itself for one process of a distributed run), plus `settings`."""
+    distributed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {**{k: v for k, v in os.environ.items() if k not in distributed}, **settings}
+
+
 def check_flags(cmd):
     """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything.
     Its one line, if any, becomes grid.py's, with its exit code; otherwise the run's config (a dict)."""
-    done = subprocess.run([*cmd, "--overwrite", "--dry-run"], capture_output=True, text=True)
+    done = subprocess.run([*cmd, "--overwrite", "--dry-run"], capture_output=True, text=True, env=alone())
     if done.returncode:
         line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
         raise (DataError if done.returncode == 1 else UsageError)(f"the flags for train.py: {line}")
@@ -173,7 +180,7 @@ def run_grid(runs, args, extra):
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
     # which would otherwise start one per core in every run
-    env = dict(os.environ, OMP_NUM_THREADS=threads, TORCHINDUCTOR_COMPILE_THREADS=threads, PYTHONUNBUFFERED="1")
+    env = alone(OMP_NUM_THREADS=threads, TORCHINDUCTOR_COMPILE_THREADS=threads, PYTHONUNBUFFERED="1")
     todo, running, failed, started = [], {}, [], time.time()
     dirs = []
     for name, router, seed, data_dir, block, vocab in runs:

@@ -116,7 +116,6 @@ class Router(Method):
         self.layer, self.n_kv = layer, config.n_kv_head
         self.sources = self.source_layers(layer, J)
         assert self.sources == sorted(set(self.sources)) and self.sources[-1] == layer, self.sources
-        self.pulled = self.per_token or not self.keys  # read by its layer (Routing.pull), not pushed by its sources
 
     def source_layers(self, layer, J):
         return list(range(layer + 1))
@@ -137,6 +136,10 @@ class Router(Method):
         out = R.new_zeros(self.n_kv, self.layer + 1, self.n_kv)
         out[:, self.sources] = R
         return out
+
+    @property
+    def pulled(self):
+        return self.per_token or not self.keys  # read by its layer (Routing.pull), not pushed by its sources
 
     @property
     def prunable(self):
@@ -238,11 +241,8 @@ class Routing:
     router of the values alone. With reference=True every router pulls through route_reference.
     """
 
-    def __init__(self, routers, reference=False):
-        self.routers, self.reference = routers, reference
-        # layer j -> the later layers that take its push: those that read it and are not pulled (ascending)
-        self.readers = [[r.layer for r in routers[j + 1:] if j in r.sources and not r.pulled]
-                        for j in range(len(routers))]
+    def __init__(self, routers, readers, reference=False):
+        self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
         self.kvs = []  # every layer's own K/V so far (pulling)
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
 
@@ -265,6 +265,15 @@ class Routing:
         outs = dict(zip(targets, kernels.route(kv, w, partials)))
         self.partial.update((l, outs[l]) for l in self.readers[layer])
         return outs[layer]
+
+    @staticmethod
+    def push_targets(routers):
+        """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
+        readers = [[] for _ in routers]
+        for r in routers:
+            for j in r.sources[:-1] if not r.pulled else []:
+                readers[j].append(r.layer)
+        return readers
 
     def pull(self, router, sources, x):
         w = router.weights(x if router.per_token else None)
@@ -400,6 +409,7 @@ class GPT(nn.Module):
         self.residual = method(config, J) if issubclass(method, Residual) else Residual()
         # every layer's router, or none at all; a plain list (the modules are registered in their blocks)
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
+        self.readers = Routing.push_targets(self.routers)  # once: the routers do not change
         self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -416,7 +426,8 @@ class GPT(nn.Module):
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
             other allowed source, fan_in being the number of (layer, head) sources a head reads;
-          - a method with an init_weights() of its own (baselines.py's, a fork's, a router too): what that says.
+          - then a method with an init_weights() of its own (baselines.py's, a fork's, a router too): what
+            that says, of its own parameters and its submodules' alike.
         """
         std = 0.02
         for name, module in self.named_modules():
@@ -428,14 +439,15 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, Method) and hasattr(module, "init_weights"):
-                module.init_weights()  # a method from elsewhere (baselines.py, a fork) that sets its own
             elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
                 w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
                 fan_in = w[0].numel()
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
+        for module in self.modules():  # last, so that nothing above overwrites what it sets
+            if isinstance(module, Method) and hasattr(module, "init_weights"):
+                module.init_weights()
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -444,7 +456,7 @@ class GPT(nn.Module):
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size={self.config.block_size}")
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, head_dim/2)
-        routing = Routing(self.routers, self.reference_routing) if self.routers else None
+        routing = Routing(self.routers, self.readers, self.reference_routing) if self.routers else None
         h = self.residual.start(self.transformer.wte(idx))  # the embedding (B, T, n_embd) -> the stream
         for block in self.transformer.h:
             h = block(h, self.residual, routing, cos, sin, cache)

@@ -619,8 +619,9 @@ def mean_sd(values):
 def results_table(summaries, split="test"):
     """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
     mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
-    test or the validation split), acc on ProsQA, perplexity on language. With one run per row, Table 7's
-    layout instead: the metric and its change relative to the `lime` run."""
+    test or the validation split; beside them the validation loss, where every run has one), acc on ProsQA,
+    perplexity on language. With one run per row, Table 7's layout instead: the metric and its change
+    relative to the `lime` run."""
     prefix = "val_" if split == "val" else ""
     acc = re.compile(rf"{prefix}acc_(\d+)")
     per_run = [{int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries]

@@ -54,6 +54,10 @@ def test_output_closed_by_its_reader_is_no_traceback():
     assert proc.stdout.readline() == "0\n"
     proc.stdout.close()
     assert (proc.wait(timeout=60), proc.stderr.read()) == (128 + signal.SIGPIPE, "")
+    # another pipe broken (a worker's, say) is a fault, and keeps its traceback
+    code = "import cli, os\nwith cli.one_line_errors('x.py'):\n    r, w = os.pipe()\n    os.close(r)\n    os.write(w, b'x')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True)
+    assert done.returncode == 1 and "BrokenPipeError" in done.stderr
 
 
 def test_no_script_imports_another():

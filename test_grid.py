@@ -35,14 +35,16 @@ class TrainInThisProcess:
 
     def __init__(self, cmd, stdout, stderr, env):
         assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
+        assert "RANK" not in env
         self.returncode = train_here(cmd, stdout)
 
     def poll(self):
         return self.returncode
 
 
-def check_here(cmd, capture_output, text):
+def check_here(cmd, capture_output, text, env):
     """Stands in for subprocess.run in grid.py: train.py's --dry-run."""
+    assert "RANK" not in env
     out = io.StringIO()
     code = train_here(cmd, out)
     return grid.subprocess.CompletedProcess(cmd, code, out.getvalue(), out.getvalue())
@@ -112,6 +114,15 @@ def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this
             "--data-root", str(tmp_path / "data"), *flags]
     assert message in error_of(grid.main, args, capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_run_is_a_process_of_its_own_under_a_launcher_too(monkeypatch):
+    """A launcher's RANK (or torchrun's, around grid.py) would make every run a rank of one distributed job."""
+    for name, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_PORT="29500", KEEP="me").items():
+        monkeypatch.setenv(name, value)
+    env = grid.alone(OMP_NUM_THREADS="2")
+    assert (env["KEEP"], env["OMP_NUM_THREADS"]) == ("me", "2")
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(env)
 
 
 def test_modulus_sets_the_mod_field_alone():

@@ -479,13 +479,19 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them():
     class Halves(lime.LIMe):
         name = "halves"
 
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.gate = torch.nn.Linear(config.n_embd, 1, bias=False)  # (a Linear, which the model initialises too)
+
         @torch.no_grad()
         def init_weights(self):
             self.weight.fill_(0.5)
+            self.gate.weight.zero_()
 
     try:
         model = small_model("halves")
         assert [type(r) for r in model.routers] == [lime.Own] + [Halves] * 5  # layer 0 reads only itself
         assert all(torch.equal(r.weight, torch.full_like(r.weight, 0.5)) for r in model.routers[1:])
+        assert not any(r.gate.weight.any() for r in model.routers[1:])
     finally:
         del methods.ROUTERS[Halves.name]

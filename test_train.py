@@ -22,6 +22,7 @@ import methods
 import runs
 import train
 from conftest import assert_same_run, error_of, read_log, small_model, snapshot, tiny_args, train_losses
+from data import write_shard
 from cli import option
 from lime import GPT, GPTConfig
 
@@ -401,3 +402,20 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
            f"--data-dir {tmp_path / 'data' / 'arithmetc-quick'} --field int --count operands --tiers 4,5,6 " \
            "--target steps`" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_token_ids_past_the_vocabulary_say_what_to_give(arith_run, tmp_path, capsys):
+    """Token shards whose ids the model's embedding cannot look up: the flag that fits, or, for a model whose
+    vocabulary is fixed (--init-from), a new run; an id that only a train shard holds, one line mid-run."""
+    lang = tmp_path / "lang"
+    lang.mkdir()
+    write_shard(lang / "x_val_000000.bin", [5, 2000] * 300)
+    write_shard(lang / "x_train_000000.bin", [5, 2000] * 300)
+    shakespeare = ["--preset=tiny", "--data=shakespeare", f"--data-dir={lang}", "--max-steps=2"]
+    err = error_of(train.main, [*shakespeare, f"--init-from={arith_run}", f"--out-dir={tmp_path / 'a'}"], capsys)
+    assert err.endswith("is smaller than the shakespeare vocabulary (at least 2001): the model's is fixed: train a new "
+                        "run with --vocab-size=50304")
+    write_shard(lang / "x_val_000000.bin", [5, 7] * 300)  # now only the train shard holds 2000
+    err = error_of(train.main, [*shakespeare, f"--out-dir={tmp_path / 'b'}"], capsys, code=1)
+    assert err == "train.py: error: token id 2000 of a train shard is past the model's --vocab-size=1024, which the " \
+                  "validation shard's tokens fit: train a new run with a --vocab-size above it"

@@ -187,8 +187,10 @@ def train(cfg, run):
         # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
         task = isinstance(data, TaskRows)
         fits = max(-(-data.vocab_size // 64) * 64, 0 if task else GPTConfig.vocab_size)  # padded to a multiple of 64
+        fix = f"give --vocab-size={fits}" if not (cfg.init_from or run.resume) else \
+            f"the model's is fixed: train a new run with --vocab-size={fits}"
         raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
-                         f"({'' if task else 'at least '}{data.vocab_size}): give --vocab-size={fits}")
+                         f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
     if data.longest and data.longest > cfg.block_size + 1:
         raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
     if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
