@@ -74,6 +74,7 @@ def main(script, argv, cls, presets, train, description=None):
         cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
         run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
         if dry_run:
+            run.check_weights()  # on the meta device: no memory, no time
             if run.master:  # (under torchrun, once, not once per process)
                 print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and the checkpoints "
                       "they name check out; no data was read, nothing was written)")
@@ -352,24 +353,28 @@ class Run:
     def restore(self, model, optimizer):
         """Load what this run starts from into the model (and optimiser), which it then saves: with
         --resume, the checkpoint's weights, optimiser state and step; with --init-from, the other
-        run's weights only, at step 0. Returns (step, the pruning mask of those weights or None)."""
+        run's weights only, at step 0 (optimizer None: the weights only). Returns (step, the pruning mask of
+        those weights or None)."""
         self.model, self.optimizer = model, optimizer
         if self.init is not None:
-            try:
-                model.load_state_dict(self.init["model"])
-            except RuntimeError as e:  # (its shape is the model's: the file is at fault)
-                raise DataError(f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'} holds weights its config does "
-                                f"not describe ({load_problem(e)})") from None
-            return 0, pruning_mask(self.init, model, f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'}")
+            return 0, load_weights(model, self.init, f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'}")
         if self.resume is not None:
+            where = f"--resume: {self.out_dir / 'ckpt.pt'}"
+            mask = load_weights(model, self.resume, where)
             try:
-                model.load_state_dict(self.resume["model"])
-                optimizer.load_state_dict(self.resume["optimizer"])
+                if optimizer is not None:
+                    optimizer.load_state_dict(self.resume["optimizer"])
             except (RuntimeError, ValueError, KeyError) as e:
-                raise DataError(f"--resume: {self.out_dir / 'ckpt.pt'} holds weights or an optimiser state its "
-                                f"config does not describe ({load_problem(e)})") from None
-            return self.resume["step"], pruning_mask(self.resume, model, f"--resume: {self.out_dir / 'ckpt.pt'}")
+                raise DataError(f"{where} holds an optimiser state its config does not describe "
+                                f"({load_problem(e)})") from None
+            return self.resume["step"], mask
         return 0, None
+
+    def check_weights(self):
+        """--dry-run: what restore() checks of the weights it would load (and of their pruning mask), on a model
+        of the meta device: shapes only, no memory, no time."""
+        with torch.device("meta"):
+            self.restore(GPT(GPTConfig.of(self.cfg)), optimizer=None)
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an
@@ -476,6 +481,16 @@ def read_checkpoint(out_dir):
     if ckpt["step"] < 0:
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
     return ckpt
+
+
+def load_weights(model, ckpt, where):
+    """A checkpoint's weights into `model` (on the meta device: their shapes checked, nothing copied), and its
+    pruning mask (pruning_mask); a DataError naming `where` (the flag and file) if they do not fit."""
+    try:
+        model.load_state_dict(ckpt["model"], assign=next(model.parameters()).is_meta)
+    except RuntimeError as e:  # (its shape is the model's: the file is at fault)
+        raise DataError(f"{where} holds weights its config does not describe ({load_problem(e)})") from None
+    return pruning_mask(ckpt, model, where)
 
 
 def pruning_mask(ckpt, model, path):

@@ -353,6 +353,18 @@ DAMAGED = [
      "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    # --dry-run loads the weights it names on the meta device: what the run itself would refuse, it refuses
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
+        2, dtype=torch.bool)})), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
+     "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    ("train", then(on_the_copy, hand_edit(vocab_size=2048), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
+     ("--resume: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
+    ("train", then(hand_edit(vocab_size=2048), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")),
+     1, ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(
+        param_groups=c["optimizer"]["param_groups"][:1])), resume), 1,
+     ("--resume: ", "ckpt.pt holds an optimiser state its config does not describe (loaded state dict has a different "
+                    "number of parameter groups")),
     ("analyze", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask="x")),
                      lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1, "its pruning mask ('router_mask')"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=-3)), lambda d, r, t: ["--out-dir",
