@@ -7,7 +7,7 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
-    python bench.py --device cuda --kernels --sweep   # the same at every tile size and warp count of TILES
+    python bench.py --device cuda --kernels --sweep   # the same at every tile, warp count and launch width of TILES
     python bench.py --device cuda --routers none,lime --profile   # where a step's milliseconds go
     python bench.py --device cuda --suite --sweep --profile --json suite.json   # every Performance figure
 
@@ -59,8 +59,9 @@ SHAPES = {
     "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, vocab_size=50304,
                  block_size=2048, batch_size=16),
 }
-# --kernels --sweep: the tiles tried, (columns, warps); a column is one (position, value) of a slot
-TILES = [(columns, warps) for columns in (128, 256, 512, 1024) for warps in (2, 4, 8)]
+# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch); a column is one (position, value) of a
+# slot. 16 outputs a launch: one launch for each of the first layers at 150M (12 outputs) and 1B (16), not two
+TILES = [(columns, warps, n) for columns in (128, 256, 512, 1024) for warps in (2, 4, 8) for n in (8, 16)]
 # --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone
 # or the routers, each compiled model alone in its own process)
 SUITE = [("150m", "kernels"), ("1b", "kernels"),
@@ -259,32 +260,34 @@ def measure_kernels(shape, args, device):
     rows = [dict(op="copy", dots="-", tile="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
     triton_kernels = kernels.use_triton(kv)
     # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS); with --sweep,
-    # every tile (kernels.COLUMNS columns, kernels.NUM_WARPS warps) of TILES, with the chosen operands
-    chosen = kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS
+    # every tile (kernels.COLUMNS columns, kernels.NUM_WARPS warps, kernels.NMAX outputs a launch) of TILES, with the
+    # chosen operands
+    chosen = kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
     if args.sweep and triton_kernels:
-        choices = [(chosen[0], columns, warps) for columns, warps in TILES]
+        choices = [(chosen[0], *tile) for tile in TILES]
     for layer in (0, L // 2, L - 1):
         n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
         n_part = n_out if layer else 0
         w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
         partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
         for choice in choices:
-            kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS = choice
+            kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = choice
             how = dict(dots=("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-",
-                       tile=f"{choice[1]}/{choice[2]}" if triton_kernels else "-")
+                       tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
             rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out,
                              ms=time_op(lambda: kernels.route(kv, w, partials), device, args.steps)))
             rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2,
                              ms=time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)))
-        kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS = chosen
+        kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = chosen
     for r in rows:
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
     print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
-          f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}; tile: columns/warps")
-    print(f"{'op':>20} {'dots':>5} {'tile':>7} {'slots':>6} {'ms':>9} {'GB/s':>8}")
+          f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}; tile: columns/warps/outputs a "
+          "launch")
+    print(f"{'op':>20} {'dots':>5} {'tile':>10} {'slots':>6} {'ms':>9} {'GB/s':>8}")
     for r in rows:
-        print(f"{r['op']:>20} {r['dots']:>5} {r['tile']:>7} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")
+        print(f"{r['op']:>20} {r['dots']:>5} {r['tile']:>10} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")
     return rows
 
 
@@ -333,7 +336,8 @@ def parse_args(argv):
     p.add_argument("--kernels", action="store_true",
                    help="time the routing op alone (forward, backward, a copy for the bandwidth) instead of models")
     p.add_argument("--sweep", action="store_true",
-                   help="with --kernels on CUDA: time the Triton kernels at every tile size and warp count (TILES)")
+                   help="with --kernels on CUDA: time the Triton kernels at every tile size, warp count and number "
+                        "of outputs a launch takes (TILES)")
     p.add_argument("--suite", action="store_true",
                    help="every figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
                         "then the routers at 150m, 1b and deep, each model alone; with --json, run it again to go "

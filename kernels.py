@@ -54,7 +54,7 @@ except ImportError:  # CPU builds of torch come without Triton: the plain path n
 # LIME_TRITON: auto (Triton for CUDA tensors), 0 (plain PyTorch everywhere), or 1 (Triton for every
 # tensor; on the CPU that needs TRITON_INTERPRET=1, which is how the tests run the kernels)
 USE_TRITON = os.environ.get("LIME_TRITON", "auto")
-NMAX = 8  # outputs per kernel launch; a source with more readers launches again and rereads kv
+NMAX = 8  # outputs per kernel launch; a source with more readers launches again and rereads kv (--sweep tries 16)
 COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
 # bf16 K/V: dot operands stay bf16, w cast to bf16 as the plain path does (accumulation is fp32 either
 # way). False converts the operands to fp32 first (tf32 dots): a 2.3-2.5x slower backward on an H100.

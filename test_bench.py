@@ -131,16 +131,16 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     pytest.importorskip("triton")
     monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
                                                vocab_size=32, block_size=4, batch_size=1))
-    monkeypatch.setattr(bench, "TILES", [(32, 2), (64, 8)])
+    monkeypatch.setattr(bench, "TILES", [(32, 2, 8), (64, 8, 16)])
     monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
     monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: [fn(), 1.0][1])  # each once: interpreted
-    chosen = bench.kernels.COLUMNS, bench.kernels.NUM_WARPS
+    chosen = bench.kernels.COLUMNS, bench.kernels.NUM_WARPS, bench.kernels.NMAX
     out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1"])
     assert [(r["op"], r["tile"]) for r in out["kernels"]][:5] == [
-        ("copy", "-"), ("forward, layer 0", "32/2"), ("backward, layer 0", "32/2"), ("forward, layer 0", "64/8"),
-        ("backward, layer 0", "64/8")]
-    assert (bench.kernels.COLUMNS, bench.kernels.NUM_WARPS) == chosen
-    assert "64/8" in capsys.readouterr().out
+        ("copy", "-"), ("forward, layer 0", "32/2/8"), ("backward, layer 0", "32/2/8"), ("forward, layer 0", "64/8/16"),
+        ("backward, layer 0", "64/8/16")]
+    assert (bench.kernels.COLUMNS, bench.kernels.NUM_WARPS, bench.kernels.NMAX) == chosen
+    assert "64/8/16" in capsys.readouterr().out
 
 
 def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):

@@ -246,16 +246,18 @@ def test_route_ops_pass_opcheck():
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach(), True))
 
 
-@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns", [
-    (3, 2, 3, 8, torch.float32, 256),  # heads and positions that fill no block
-    (3, 2, 3, 8, torch.float32, 32),  # tiles of 4 positions: many programs, the last one partly filled
-    (11, 10, 4, 12, torch.float32, 256),  # more outputs than one launch takes (kernels.NMAX); E not a power of 2
-    (2, 0, 2, 16, torch.bfloat16, 256),
+@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax", [
+    (3, 2, 3, 8, torch.float32, 256, 8),  # heads and positions that fill no block
+    (3, 2, 3, 8, torch.float32, 32, 8),  # tiles of 4 positions: many programs, the last one partly filled
+    (11, 10, 4, 12, torch.float32, 256, 8),  # more outputs than one launch takes (kernels.NMAX); E not a power of 2
+    (17, 16, 4, 12, torch.float32, 256, 16),  # 16 outputs a launch, as bench.py --sweep tries: two launches here
+    (2, 0, 2, 16, torch.bfloat16, 256, 8),
 ])
-def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns):
+def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation."""
     pytest.importorskip("triton")
     monkeypatch.setattr(kernels, "COLUMNS", columns)
+    monkeypatch.setattr(kernels, "NMAX", nmax)
     g = torch.Generator().manual_seed(0)
     kv, w = torch.randn(2, 17, n_kv, E, generator=g).to(dtype), torch.randn(n_out, n_kv, n_kv, generator=g)
     partials = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_partials)]
@@ -288,16 +290,18 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("n_kv, dtype, low, tile", [
     (12, torch.bfloat16, True, None), (8, torch.bfloat16, True, None), (12, torch.bfloat16, False, None),
-    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 2)), (8, torch.bfloat16, True, (1024, 8))])
+    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 2, 8)), (8, torch.bfloat16, True, (1024, 8, 16)),
+    (12, torch.bfloat16, True, (256, 4, 16))])
 def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low, tile):
     """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
-    with either choice of dot operands and the smallest and largest tile `bench.py --kernels --sweep` tries, and
+    with either choice of dot operands and the smallest and largest tile `bench.py --kernels --sweep` tries (8 and
+    16 outputs a launch; 10 outputs here: two launches, then one), and
     the plain path, each against the same sums in float64. They round bf16 differently, so they are held to the
     exact sums, not to each other."""
     monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
     if tile:
-        monkeypatch.setattr(kernels, "COLUMNS", tile[0])
-        monkeypatch.setattr(kernels, "NUM_WARPS", tile[1])
+        for name, value in zip(("COLUMNS", "NUM_WARPS", "NMAX"), tile):
+            monkeypatch.setattr(kernels, name, value)
     g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(4, 256, n_kv, 128, device="cuda", generator=g).to(dtype)
     w = torch.randn(10, n_kv, n_kv, device="cuda", generator=g) / n_kv**0.5
