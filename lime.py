@@ -271,8 +271,9 @@ class Routing:
         """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
         readers = [[] for _ in routers]
         for r in routers:
-            for j in r.sources[:-1] if not r.pulled else []:
-                readers[j].append(r.layer)
+            if not r.pulled:
+                for j in r.sources[:-1]:  # (the last source is the layer itself)
+                    readers[j].append(r.layer)
         return readers
 
     def pull(self, router, sources, x):
