@@ -606,6 +606,32 @@ def load_data(cfg, with_train=True):
     return DATASETS[cfg.data](cfg, with_train)
 
 
+def training_data(cfg, run, generates=None, home=None):
+    """load_data() for a training run, checked against its model. `generates`: the arithmetic regime that the
+    run's preset makes in its own folder `home` when that has none; another folder without data is an error
+    that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError."""
+    if generates and cfg.data == "arithmetic" and not (Path(cfg.data_dir) / "meta.json").exists():
+        if cfg.data_dir == home:
+            print(f"preparing the arithmetic task in {home} (once, offline)")
+            arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
+        elif run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the command that would
+            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
+                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
+    data = load_data(cfg)
+    if data.vocab_size > cfg.vocab_size:
+        whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
+        # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
+        task = isinstance(data, TaskRows)
+        fits = max(-(-data.vocab_size // 64) * 64, 0 if task else GPTConfig.vocab_size)  # padded to a multiple of 64
+        fix = f"give --vocab-size={fits}" if not (cfg.init_from or run.resume) else \
+            f"the model's is fixed: train a new run with --vocab-size={fits}"
+        raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
+                         f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
+    if data.longest and data.longest > cfg.block_size + 1:
+        raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
+    return data
+
+
 # -----------------------------------------------------------------------------
 # Tables of finished runs (their summary.json): analyze.py table and grid.py print them
 

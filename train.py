@@ -18,7 +18,7 @@ signals, checkpoints, the run's folder) is in runs.py.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (NON_NEGATIVE, POSITIVE, SEED, DataError, UsageError, autocast_for, check_fields, option, peak_flops,
+from cli import (NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops,
                  pick_device, show_metrics, synchronize)
 
 import json
@@ -28,7 +28,6 @@ import resource
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -172,27 +171,9 @@ def train(cfg, run):
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
-    # data: a task (samples) has to fit the model, and counts its length in epochs of len(train) samples
-    home = runs.data_folder(PRESETS, cfg.preset, cfg.data)  # where this preset keeps this data
-    if cfg.preset in GENERATES and cfg.data == "arithmetic" and not (Path(cfg.data_dir) / "meta.json").exists():
-        regime = GENERATES[cfg.preset]
-        if cfg.data_dir == home:
-            print(f"preparing the arithmetic task in {home} (once, offline)")
-            arithmetic.prepare(home, regime)  # (over what an interrupted one left, if any)
-        elif run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the command that would
-            raise DataError(f"no arithmetic data in {cfg.data_dir}: run `{arithmetic.command(asdict(regime), cfg.data_dir)}`")
-    data = runs.load_data(cfg)
-    if data.vocab_size > cfg.vocab_size:
-        whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
-        # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
-        task = isinstance(data, TaskRows)
-        fits = max(-(-data.vocab_size // 64) * 64, 0 if task else GPTConfig.vocab_size)  # padded to a multiple of 64
-        fix = f"give --vocab-size={fits}" if not (cfg.init_from or run.resume) else \
-            f"the model's is fixed: train a new run with --vocab-size={fits}"
-        raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
-                         f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
-    if data.longest and data.longest > cfg.block_size + 1:
-        raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
+    # data (an offline preset generates its task first), checked against the model: its vocabulary, its longest sample.
+    # A task (samples) counts its length in epochs of len(train) samples
+    data = runs.training_data(cfg, run, GENERATES.get(cfg.preset), runs.data_folder(PRESETS, cfg.preset, cfg.data))
     if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
         # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
         steps_per_epoch = data.train_size / cfg.batch_size
