@@ -266,19 +266,21 @@ def measure_kernels(shape, args, device):
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
     if args.sweep and triton_kernels:
         choices = [(chosen[0], *tile) for tile in TILES]
-    for layer in (0, L // 2, L - 1):
-        n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
-        n_part = n_out if layer else 0
-        w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
-        partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
-        for choice in choices:
-            kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = choice
-            how = dict(dots=("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-",
-                       tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
-            rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out,
-                             ms=time_op(lambda: kernels.route(kv, w, partials), device, args.steps)))
-            rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2,
-                             ms=time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)))
+    try:
+        for layer in (0, L // 2, L - 1):
+            n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
+            n_part = n_out if layer else 0
+            w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
+            partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
+            for choice in choices:
+                kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = choice
+                dots = ("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-"
+                how = dict(dots=dots, tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
+                rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out,
+                                 ms=time_op(lambda: kernels.route(kv, w, partials), device, args.steps)))
+                rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2,
+                                 ms=time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)))
+    finally:  # the kernels' own choices, as they were, whatever happened
         kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = chosen
     for r in rows:
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
@@ -443,11 +445,12 @@ def run_suite(args, argv, out):
     out["suite"] = []
     for shape_name, what in SUITE:
         name, shape = f"{shape_name}: {what}", SHAPES[shape_name]
-        if name in kept:
+        tiles = json.loads(json.dumps(TILES)) if args.sweep and what == "kernels" else None  # (as the JSON holds it)
+        if name in kept and kept[name].get("tiles") == tiles:  # (a sweep over other tiles, or none, is run again)
             print(f"{name}: kept from {args.json}")
             part = kept[name]
         elif what == "kernels":
-            part = dict(part=name, kernels=measure_kernels(shape, args, args.device))
+            part = dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles)
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:

@@ -17,6 +17,7 @@ import re
 import signal
 import statistics
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -350,31 +351,37 @@ class Run:
         if self.master:
             print(*args, **kwargs)
 
+    def start(self):
+        """The checkpoint this run starts from, and how an error names it: (ckpt, '--resume: PATH') or
+        (ckpt, '--init-from: PATH'); None for a run from scratch."""
+        if self.init is not None:
+            return self.init, f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'}"
+        return (self.resume, f"--resume: {self.out_dir / 'ckpt.pt'}") if self.resume is not None else None
+
     def restore(self, model, optimizer):
         """Load what this run starts from into the model (and optimiser), which it then saves: with
         --resume, the checkpoint's weights, optimiser state and step; with --init-from, the other
-        run's weights only, at step 0 (optimizer None: the weights only). Returns (step, the pruning mask of
-        those weights or None)."""
+        run's weights only, at step 0. Returns (step, the pruning mask of those weights or None)."""
         self.model, self.optimizer = model, optimizer
-        if self.init is not None:
-            return 0, load_weights(model, self.init, f"--init-from: {Path(self.cfg.init_from) / 'ckpt.pt'}")
-        if self.resume is not None:
-            where = f"--resume: {self.out_dir / 'ckpt.pt'}"
-            mask = load_weights(model, self.resume, where)
-            try:
-                if optimizer is not None:
-                    optimizer.load_state_dict(self.resume["optimizer"])
-            except (RuntimeError, ValueError, KeyError) as e:
-                raise DataError(f"{where} holds an optimiser state its config does not describe "
-                                f"({load_problem(e)})") from None
-            return self.resume["step"], mask
-        return 0, None
+        if self.start() is None:
+            return 0, None
+        ckpt, where = self.start()
+        mask = load_weights(model, ckpt, where)
+        if ckpt is self.init:
+            return 0, mask
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise DataError(f"{where} holds an optimiser state its config does not describe "
+                            f"({load_problem(e)})") from None
+        return ckpt["step"], mask
 
     def check_weights(self):
-        """--dry-run: what restore() checks of the weights it would load (and of their pruning mask), on a model
-        of the meta device: shapes only, no memory, no time."""
-        with torch.device("meta"):
-            self.restore(GPT(GPTConfig.of(self.cfg)), optimizer=None)
+        """--dry-run: what restore() checks of the weights it would load (and of their pruning mask; not of the
+        optimiser state), on a model of the meta device: no memory, no time."""
+        if self.start() is not None:
+            with torch.device("meta"):
+                load_weights(GPT(GPTConfig.of(self.cfg)), *self.start())
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an
@@ -480,14 +487,18 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
     if ckpt["step"] < 0:
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
+    if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
+        raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
     return ckpt
 
 
 def load_weights(model, ckpt, where):
-    """A checkpoint's weights into `model` (on the meta device: their shapes checked, nothing copied), and its
-    pruning mask (pruning_mask); a DataError naming `where` (the flag and file) if they do not fit."""
+    """A checkpoint's weights into `model` (on the meta device: keys, shapes and dtypes checked, nothing copied),
+    and its pruning mask (pruning_mask); a DataError naming `where` (the flag and file) if they do not fit."""
     try:
-        model.load_state_dict(ckpt["model"], assign=next(model.parameters()).is_meta)
+        with warnings.catch_warnings():  # (on meta, "copying ... is a no-op": the check is what is wanted)
+            warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
+            model.load_state_dict(ckpt["model"])
     except RuntimeError as e:  # (its shape is the model's: the file is at fault)
         raise DataError(f"{where} holds weights its config does not describe ({load_problem(e)})") from None
     return pruning_mask(ckpt, model, where)
@@ -610,13 +621,17 @@ def training_data(cfg, run, generates=None, home=None):
     """load_data() for a training run, checked against its model. `generates`: the arithmetic regime that the
     run's preset makes in its own folder `home` when that has none; another folder without data is an error
     that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError."""
-    if generates and cfg.data == "arithmetic" and not (Path(cfg.data_dir) / "meta.json").exists():
-        if cfg.data_dir == home:
+    missing = not (Path(cfg.data_dir) / "meta.json").exists()
+    if generates and cfg.data == "arithmetic" and cfg.data_dir == home:
+        if missing and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
             print(f"preparing the arithmetic task in {home} (once, offline)")
             arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
-        elif run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the command that would
-            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
-                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
+    elif generates and cfg.data == "arithmetic" and missing and run.resume is None:
+        # a folder of one's own (or a mistyped one) is not generated: the command that would
+        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
+                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
     data = load_data(cfg)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""

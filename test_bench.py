@@ -81,6 +81,12 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     again = bench.main(argv)
     assert [c[-5] for c in commands] == ["first-2"] and again["suite"][:2] == saved["suite"][:2]
     assert "t1: none,lime: kept from" in capsys.readouterr().out
+    # the routing op timed over other tiles (a --sweep, or an older TILES) is not this run's figure: timed again
+    path.write_text(json.dumps({**again, "suite": [{**again["suite"][0], "tiles": [[64, 8, 16]]}, *again["suite"][1:]]}))
+    bench.main(argv)
+    out = capsys.readouterr().out
+    assert "t1: kernels: kept" not in out and "t1: none,lime: kept from" in out
+    assert json.loads(path.read_text())["suite"][0]["tiles"] is None
 
 
 def test_bench_kernels_times_the_routing_op(tmp_path, capsys):

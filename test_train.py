@@ -419,3 +419,26 @@ def test_token_ids_past_the_vocabulary_say_what_to_give(arith_run, tmp_path, cap
     err = error_of(train.main, [*shakespeare, f"--out-dir={tmp_path / 'b'}"], capsys, code=1)
     assert err == "train.py: error: token id 2000 of a train shard is past the model's --vocab-size=1024, which the " \
                   "validation shard's tokens fit: train a new run with a --vocab-size above it"
+
+
+def test_under_torchrun_rank_0_alone_generates_a_presets_data(tmp_path, monkeypatch):
+    """An offline preset's data, under torchrun: rank 0 generates it, and every process meets at one barrier,
+    whether or not it found the data there (one that skipped it would leave the others waiting for good)."""
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(arithmetic, "prepare", lambda home, task: calls.append(("prepare", task)))
+    cfg = runs.resolve(["--preset=tiny", "--out-dir=run"], train.TrainConfig, train.PRESETS)[0]
+    home = runs.data_folder(train.PRESETS, "tiny", "arithmetic")
+    for master, expected in ((False, ["barrier"]), (True, [("prepare", arithmetic.QUICK_START), "barrier"])):
+        calls.clear()
+        with pytest.raises(cli.DataError, match="no arithmetic data"):  # (prepare wrote nothing here)
+            runs.training_data(cfg, types.SimpleNamespace(master=master, resume=None), train.GENERATES["tiny"], home)
+        assert calls == expected
+    (Path(home) / "meta.json").parent.mkdir(parents=True)
+    (Path(home) / "meta.json").write_text("{")  # found (damaged, so that loading it stops the call): still the barrier
+    calls.clear()
+    with pytest.raises(cli.DataError, match="meta.json is not valid JSON"):
+        runs.training_data(cfg, types.SimpleNamespace(master=False, resume=None), train.GENERATES["tiny"], home)
+    assert calls == ["barrier"]
