@@ -102,7 +102,7 @@ class TokenData:
             raise DataError(f"validation shard in {cfg.data_dir} is shorter than one block of {T}")
         self.val_x = torch.from_numpy(val[: n * T].astype(np.int64)).view(n, T)
         self.val_y = torch.from_numpy(val[1: n * T + 1].astype(np.int64)).view(n, T)
-        self.T, self.data_dir, self.model_vocab = T, cfg.data_dir, cfg.vocab_size
+        self.T, self.model_vocab = T, cfg.vocab_size
         # the vocabulary the tokens need, as far as the validation windows tell (for the caller to check against
         # the model; reading every train shard for it would take minutes at FineWeb's size): batch() checks the rest
         self.vocab_size = int(max(self.val_x.max(), self.val_y.max())) + 1

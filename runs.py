@@ -363,9 +363,10 @@ class Run:
         --resume, the checkpoint's weights, optimiser state and step; with --init-from, the other
         run's weights only, at step 0. Returns (step, the pruning mask of those weights or None)."""
         self.model, self.optimizer = model, optimizer
-        if self.start() is None:
+        start = self.start()
+        if start is None:
             return 0, None
-        ckpt, where = self.start()
+        ckpt, where = start
         mask = load_weights(model, ckpt, where)
         if ckpt is self.init:
             return 0, mask
@@ -379,9 +380,10 @@ class Run:
     def check_weights(self):
         """--dry-run: what restore() checks of the weights it would load (and of their pruning mask; not of the
         optimiser state), on a model of the meta device: no memory, no time."""
-        if self.start() is not None:
+        start = self.start()
+        if start is not None:
             with torch.device("meta"):
-                load_weights(GPT(GPTConfig.of(self.cfg)), *self.start())
+                load_weights(GPT(GPTConfig.of(self.cfg)), *start)
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an
@@ -621,17 +623,17 @@ def training_data(cfg, run, generates=None, home=None):
     """load_data() for a training run, checked against its model. `generates`: the arithmetic regime that the
     run's preset makes in its own folder `home` when that has none; another folder without data is an error
     that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError."""
-    missing = not (Path(cfg.data_dir) / "meta.json").exists()
-    if generates and cfg.data == "arithmetic" and cfg.data_dir == home:
-        if missing and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
-            print(f"preparing the arithmetic task in {home} (once, offline)")
-            arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
-    elif generates and cfg.data == "arithmetic" and missing and run.resume is None:
-        # a folder of one's own (or a mistyped one) is not generated: the command that would
-        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
-                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
+    if generates and cfg.data == "arithmetic":
+        missing = not (Path(cfg.data_dir) / "meta.json").exists()
+        if cfg.data_dir == home:
+            if missing and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
+                print(f"preparing the arithmetic task in {home} (once, offline)")
+                arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
+        elif missing and run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the
+            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # command that would make it
+                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
     data = load_data(cfg)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
