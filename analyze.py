@@ -57,8 +57,8 @@ def write_png(plt, fig, path):
     try:
         atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
         print(f"saved {path}")
-    except OSError as e:  # the table is printed already: a picture that cannot be written costs no traceback
-        print(f"(no picture: cannot write {path}: {e.strerror})")
+    except DataError as e:  # the table is printed already: a picture that cannot be written costs no traceback
+        print(f"(no picture: {e})")
     plt.close(fig)
 
 
@@ -111,10 +111,12 @@ def cmd_routes(args):
         raise UsageError(f"--router={cfg.router} works on the residual stream and routes no K/V: there is no map")
     M = route_map(model)
     image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
-    print(f"router {cfg.router}: row = layer, column = source layer, % of mean |weight|")
+    note = " (the values; the keys are each layer's own)" * any(not r.keys for r in model.routers)
+    note += " (the weights' part that is the same at every token)" * any(r.per_token for r in model.routers)
+    print(f"router {cfg.router}{note}: row = layer, column = source layer, % of mean |weight|")
     print_layer_map(image)
     save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
-              f"routing weights ({cfg.router})", image=image.numpy())
+              f"routing weights ({cfg.router}){note}", image=image.numpy())
     return M
 
 
@@ -292,7 +294,7 @@ def eval_rows(run_dir):
     rows = [r for r in rows if "val_loss" in r]
     for r in rows:
         for key, value in r.items():
-            if key.startswith("val_") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if key.startswith("val_") and not runs.of_kind(value, float):
                 raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {key} is not a number ({value!r})")
     return config, rows
 
@@ -304,11 +306,9 @@ def cmd_curves(args):
         raise UsageError(f"--rows must be positive, got {args.rows}")
     if args.out and Path(args.out).suffix.lower() != ".png":  # never a PNG written over notes.md
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
-    groups = {}
     folders = run_folders(args.run_dirs)
-    for d in folders:
-        config, rows = eval_rows(d)
-        groups.setdefault(runs.seed_group(config), []).append(rows)
+    configs, logs = zip(*map(eval_rows, folders))
+    groups = runs.by_setting(configs, logs)  # {setting: each seed's evaluations}
     tiers = [{int(k.removeprefix("val_acc_")) for r in rows for k in r if re.fullmatch(r"val_acc_\d+", k)}
              for seeds in groups.values() for rows in seeds if rows]  # each run's that has evaluated
     if not args.metric and any(tiers) and not set.intersection(*tiers):
@@ -321,7 +321,7 @@ def cmd_curves(args):
         common = sorted(set.intersection(*({r["step"] for r in rows if metric in r} for rows in seeds)))
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
-        at = [{r["step"]: r for r in rows} for rows in seeds]
+        at = [{r["step"]: r for r in rows if metric in r} for rows in seeds]  # (a step logged twice: its row with it)
         curves[label] = {m: [(step, *runs.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
                          for m in metrics}
     for i, (label, c) in enumerate(curves.items()):

@@ -12,6 +12,7 @@ regime in meta.json, with the task's small vocabulary in which every integer is 
 
 import dataclasses
 import json
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ from data import TaskRows, greedy_accuracy
 
 OPS = ("+", "-", "*", "/")
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+SYMBOLS = ("<eos>", "=", "(", ")", *OPS)  # the vocabulary, before a token for every number 0..top
+# the largest number a regime can have: every number is a token, and token ids take 16 bits, as every data
+# set's do here (data.py's shards, prosqa.py's arrays)
+LARGEST = 2**16 - len(SYMBOLS) - 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,13 @@ class Task:
                               ("target", ("steps", "answer"))):
             if getattr(self, name) not in choices:
                 raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
-        if self.field == "mod" and not (self.modulus >= 2 and all(self.modulus % d for d in range(2, self.modulus))):
+        if self.top > LARGEST:  # first: a vocabulary past it would take forever to build, a prime long to check
+            flag, value, most = ("--max-value", self.max_value, LARGEST) if self.field == "int" else \
+                ("--modulus", self.modulus, LARGEST + 1)
+            raise DataError(f"{flag} must be at most {most}, got {value}: every number is a token, and the task's "
+                            f"vocabulary holds at most {2**16} tokens (16-bit ids)")
+        if self.field == "mod" and not (self.modulus >= 2 and
+                                        all(self.modulus % d for d in range(2, math.isqrt(self.modulus) + 1))):
             raise DataError(f"--modulus must be a prime (every nonzero number needs an inverse), got {self.modulus}")
         if self.field == "int" and not 1 <= self.max_operand <= self.max_value:
             raise DataError(f"--max-operand must be in 1..--max-value ({self.max_value}), got {self.max_operand}")
@@ -74,8 +85,11 @@ class Task:
 
     @property
     def label(self):
-        """The name with the tiers, e.g. 'mod11-answer, tiers 4,5,6 operators'."""
-        return f"{self.name}, tiers {','.join(map(str, self.tiers))} {self.count}"
+        """The name with the tiers, e.g. 'mod11-answer, tiers 4,5,6 operators', and the range of int numbers
+        where it is not the default: 'int-steps, tiers 4,5,6 operands, max_operand 10, max_value 999'."""
+        limits = self.field == "int" and (self.max_operand, self.max_value) != (Task.max_operand, Task.max_value)
+        return f"{self.name}, tiers {','.join(map(str, self.tiers))} {self.count}" + \
+            f", max_operand {self.max_operand}, max_value {self.max_value}" * limits  # (unless the defaults)
 
     @property
     def top(self):
@@ -83,7 +97,7 @@ class Task:
         return self.max_value if self.field == "int" else self.modulus - 1
 
     def vocab(self):
-        return ["<eos>", "=", "(", ")", *OPS, *map(str, range(self.top + 1))]
+        return [*SYMBOLS, *map(str, range(self.top + 1))]
 
     def apply(self, op, a, b):
         """a op b, or None where the regime does not allow it (inexact division, a value out of range)."""
@@ -182,8 +196,11 @@ class Task:
                                 f"does not give a whole number in 0..{self.max_value}, as the task requires"))
             return value
 
-        node = parse_tree(text)
-        check(node)
+        try:
+            node = parse_tree(text)
+            check(node)  # (recursive too: '1 + 1 + ... + 1' is a tree as deep as it is long)
+        except RecursionError:
+            raise DataError("an expression nested too deeply to read") from None
         return node
 
 
@@ -448,7 +465,7 @@ class Data(TaskRows):
         self.val = [row for k in self.task.tiers for row in rows[f"val_{k}" if self.vals else f"test_{k}"]]
         self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
         self.train_size, self.label, self.regime = len(self.train), self.task.label, regime(meta)
-        self.longest = max(len(ids) for ids, _ in self.train + self.val)
+        self.longest = max(len(ids) for split in rows.values() for ids, _ in split)  # test's too: it is generated
 
     def encode_row(self, line):
         """(token ids, the prompt's length: up to the first '='). A solution ends with <eos>, which is

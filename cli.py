@@ -42,6 +42,19 @@ if MAIN and Path(MAIN).resolve().parent == Path(__file__).resolve().parent and \
 import torch  # noqa: E402
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a cluster scheduler) as an exception: what is under way unwinds (a
+    temporary file goes), then one line and exit 128 + the signal (one_line_errors)."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 class UsageError(ValueError):
     """The command line is wrong: one line, exit code 2, nothing written."""
 
@@ -77,6 +90,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises)."""
     if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, raise_interrupted)  # the same for SIGTERM, which would kill it in silence
     try:
         yield
     except UsageError as e:
@@ -181,12 +196,19 @@ def atomic_write(path, write):
     the old file or the new one, never half of one. The temporary file is this process's own, so two
     processes writing one file (two runs that generate their preset's data at once) do not collide."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    problem = folder_problem(path.parent)  # (a file where a folder of the path should be, say)
+    if problem:
+        raise DataError(f"cannot write {path}: {problem}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, say
+        raise DataError(f"cannot write {path}: {e.strerror or e}") from None
+    except RuntimeError as e:  # how torch.save says the same
+        raise DataError(f"cannot write {path}: {str(e).strip().splitlines()[0]}") from None
     finally:
         tmp.unlink(missing_ok=True)
     for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # what a process killed while writing left

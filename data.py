@@ -45,9 +45,12 @@ def write_shard(path, tokens):
 
 def check_shard(path):
     """Raise DataError unless `path` has a valid header and exactly the tokens it announces."""
-    with open(path, "rb") as f:
-        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
     name = Path(path).name.removesuffix(".part")
+    try:
+        with open(path, "rb") as f:
+            header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    except OSError as e:  # a folder of that name, say
+        raise DataError(f"{name}: cannot be read ({e.strerror})") from None
     if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:
         raise DataError(f"{name}: not a token shard (bad magic or version in the header)")
     expected = HEADER_BYTES + 2 * int(header[2])

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import Signals, read_summary, results_table, run_files
+from runs import Signals, of_kind, read_summary, results_table, run_files
 
 
 def regimes(args):
@@ -139,8 +139,13 @@ def main(argv=None):
         for name, router, seed, _ in runs:
             out = Path(args.out_dir) / name / f"{router}-seed{seed}"
             if (out / "summary.json").exists():
-                read_summary(out)  # a finished run is kept: it has to be readable, and of this budget
+                summary = read_summary(out)  # a finished run is kept: it has to be readable, this run, of this budget
+                if (summary["router"], summary.get("seed")) != (router, seed):
+                    raise DataError(f"{out / 'summary.json'} is of router {summary['router']}, seed "
+                                    f"{summary.get('seed')}, not of the run its folder is for: move it away")
                 epochs = read_json(out / "config.json", keys=("epochs",))["epochs"]
+                if not of_kind(epochs, float):
+                    raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
                 if epochs != args.epochs:
                     raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
                                      "finished run is kept, so give another --out-dir for another budget")

@@ -143,7 +143,7 @@ class Router(Method):
 
     @property
     def prunable(self):
-        """Top-p pruning zeroes entries of the weights: they must be learned and the same at every token."""
+        """Top-p pruning zeroes entries of the weights: weights() must be a learned Parameter, the same at every token."""
         return not self.per_token and isinstance(self.weights(), nn.Parameter)
 
     def reference(self, sources, x):
@@ -422,19 +422,26 @@ class GPT(nn.Module):
         """Every initial value of the model, in one place:
           - the embedding (tied with the output head) and every Linear: normal, std 0.02;
           - except the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2,
-          - and the dynamic routers' input maps (`router.proj`): zero, so that they start static;
+          - and the Linear maps inside a per-token router (`dynamic`'s `proj`): zero, so that it starts static;
           - RMSNorm gains: one;
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
             other allowed source, fan_in being the number of (layer, head) sources a head reads;
           - then a method with an init_weights() of its own (baselines.py's, a fork's, a router too): what
             that says, of its own parameters and its submodules' alike.
+        A method's own parameters that none of this sets are an error, not torch.empty's leftovers.
         """
         std = 0.02
+        methods = [m for m in self.modules() if isinstance(m, Method)]
+        own = [(type(m).__name__, name, p) for m in methods for name, p in m.named_parameters(recurse=False)]
+        for _, _, p in own:
+            p.fill_(float("nan"))  # until something sets it: one that nothing sets is found at the end
+        starts_static = {lin for m in methods if getattr(m, "per_token", False)
+                         for lin in m.modules() if isinstance(lin, nn.Linear)}
         for name, module in self.named_modules():
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
-            elif name.endswith("router.proj"):
+            elif module in starts_static:
                 nn.init.zeros_(module.weight)
             elif name.endswith("c_proj"):
                 nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
@@ -446,9 +453,12 @@ class GPT(nn.Module):
                 w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
-        for module in self.modules():  # last, so that nothing above overwrites what it sets
-            if isinstance(module, Method) and hasattr(module, "init_weights"):
+        for module in methods:  # last, so that nothing above overwrites what it sets
+            if hasattr(module, "init_weights"):
                 module.init_weights()
+        for method, name, p in own:
+            if not p.is_meta and p.isnan().any():  # e.g. a router whose weights() is not the Parameter itself
+                raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights()")
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
@@ -494,7 +504,8 @@ class GPT(nn.Module):
             if temperature == 0:
                 new = logits.argmax(dim=-1)
             else:
-                logits = logits / temperature
+                # the largest logit at 0 and a temperature float32 can hold: a tiny one gives greedy, not NaN
+                logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, torch.finfo().tiny)
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, -float("inf"))

@@ -136,7 +136,10 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
         return
     download(url, text_path, overwrite=overwrite)
     enc = enc or gpt2_encoding()
-    text = text_path.read_text(encoding="utf-8")
+    try:
+        text = text_path.read_text(encoding="utf-8")  # (one downloaded, or one of your own put there)
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{text_path} cannot be read as UTF-8 text ({e})") from None
     cut = int(len(text) * (1 - val_fraction))
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
         tokens = [enc.eot_token] + enc.encode_ordinary(part)  # documents start with end-of-text
@@ -210,9 +213,15 @@ def main(argv=None):
                 raise UsageError(f"{flag} is for --field={fields[0]}, not --field={args.field}")
         data_dir = args.data_dir or os.path.join("data", args.name)
         for flag, value in (("--url", args.url), ("--base-url", args.base_url)):
-            if value is not None and not value.startswith(("http://", "https://")):  # (requests: MissingSchema)
+            if value is None:
+                continue
+            if not value.startswith(("http://", "https://")):  # (requests: MissingSchema)
                 local = f": for a file here, put it in {data_dir} as input.txt" if flag == "--url" else ""
                 raise UsageError(f"{flag}={value}: give an http(s) URL{local}")
+            try:
+                requests.Request("GET", value).prepare()  # its form, checked without a connection
+            except requests.RequestException as e:
+                raise UsageError(f"{flag}={value}: not a URL ({e})") from None
         if folder_problem(data_dir):
             raise UsageError(f"--data-dir={data_dir}: {folder_problem(data_dir)}")
         if args.name == "fineweb-edu" and not 1 <= args.shards <= 99:

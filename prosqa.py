@@ -75,16 +75,34 @@ def tokenize(records, enc):
 
 def load(data_dir, split):
     """One split as a list of (token ids, prompt length), and the end-of-text id. The ids are views
-    into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory."""
+    into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory.
+    A DataError unless the file is as prepare_data.py writes it (see `tokenize`)."""
     path = Path(data_dir) / f"prosqa_{split}.npz"
+    where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
     if not path.exists():
-        where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
         raise DataError(f"no ProsQA data in {data_dir}: run `python prepare_data.py prosqa{where}`")
+    again = f"; remove it and run `python prepare_data.py prosqa{where}`"  # which keeps an .npz that is there
     try:
         with np.load(path) as f:
             tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))
     except Exception as e:  # a truncated or foreign file
-        raise DataError(f"cannot read {path}: {e}; prepare it again") from None
+        raise DataError(f"cannot read {path}: {e}{again}") from None
+    for key, a in (("tokens", tokens), ("offsets", offsets), ("prompt_lens", prompt_lens), ("eot", eot)):
+        if a.dtype.kind not in "iu" or a.ndim != (0 if key == "eot" else 1):
+            raise DataError(f"{path}: {key} is not {'an integer' if key == 'eot' else 'a 1-D integer array'}{again}")
+    if not len(prompt_lens):
+        raise DataError(f"{path}: no records{again}")
+    if len(offsets) != len(prompt_lens) + 1:
+        raise DataError(f"{path}: {len(offsets)} offsets for {len(prompt_lens)} records{again}")
+    lengths = np.diff(offsets.astype(np.int64))  # (unsigned differences would wrap)
+    if offsets[0] != 0 or offsets[-1] != len(tokens) or (lengths < 0).any():
+        raise DataError(f"{path}: the offsets do not rise from 0 to the number of tokens{again}")
+    wrong = np.flatnonzero((prompt_lens < 1) | (prompt_lens >= lengths))  # no prompt, or nothing after it
+    if len(wrong):
+        i, n = wrong[0], lengths[wrong[0]]
+        raise DataError(f"{path}: record {i}: a prompt of {prompt_lens[i]} tokens, not 1 .. {n - 1} of its {n}{again}")
+    if tokens.min() < 0 or tokens.max() > eot:
+        raise DataError(f"{path}: token ids outside 0 .. {eot}, the end of text{again}")
     tokens = tokens.astype(np.int64)
     rows = [(tokens[a:b], int(n)) for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lens)]
     return rows, int(eot)
@@ -112,8 +130,11 @@ class Data(TaskRows):
         self.val, self.pad = load(cfg.data_dir, "valid")
         self.train = load(cfg.data_dir, "train")[0] if with_train else []
         self.train_size = len(self.train)
-        test = load(cfg.data_dir, "test")[0][:n]
-        answers = [r["answer"] for r in check(Path(cfg.data_dir) / "prosqa_test.json")[:n]]
+        test, records = load(cfg.data_dir, "test")[0], check(Path(cfg.data_dir) / "prosqa_test.json")
+        if len(test) != len(records):  # the tokens and the answers they are scored against: one record each
+            raise DataError(f"{Path(cfg.data_dir) / 'prosqa_test.npz'} holds {len(test)} questions, "
+                            f"prosqa_test.json {len(records)}: remove the .npz and run `python prepare_data.py prosqa`")
+        test, answers = test[:n], [r["answer"] for r in records[:n]]
         most = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
         self.tests = [(ids[:n_prompt].tolist(), answer, most) for (ids, n_prompt), answer in zip(test, answers)]
         self.vocab_size = self.pad + 1  # GPT-2's end-of-text is the last of its tokens

@@ -4,7 +4,7 @@ Top-p pruning of router weights (the paper's first version, its Table 5): after 
 
 A pruning is a mask, {parameter name: bool tensor of the weights' shape, True = kept}, stored in
 checkpoints as `router_mask`, so that a resumed or fine-tuned run keeps the same weights at zero.
-It applies to the routers whose `prunable` says so (lime.Router): weights that are learned and
+It applies to the routers whose `prunable` says so (lime.Router): weights() a learned Parameter,
 the same at every token.
 """
 
@@ -35,13 +35,17 @@ def top_p_mask(weight, p):
     return torch.zeros_like(keep_ranked).scatter(1, order, keep_ranked).view(weight.shape)
 
 
+def prunable():
+    """What top-p pruning applies to, as the error messages say it."""
+    return f"routers whose weights are a learned Parameter, the same at every token ({router_forms(lambda r: r.prunable)})"
+
+
 def prunable_routers(model):
     """{parameter name: router} of the routers that top-p pruning applies to; a UsageError if none."""
     names = {id(p): name for name, p in model.named_parameters()}
     found = {names[id(r.weights())]: r for r in model.routers if r.prunable}
     if not found:
-        raise UsageError(f"top-p pruning needs a learned static router ({router_forms(lambda r: r.prunable)}), "
-                         f"not router={model.config.router!r}")
+        raise UsageError(f"top-p pruning applies to {prunable()}, not router={model.config.router!r}")
     return found
 
 

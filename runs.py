@@ -26,8 +26,8 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors, option,
-                 pick_device, read_json, show_value)
+from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, folder_problem, one_line_errors,
+                 option, pick_device, read_json, show_value)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -228,6 +228,13 @@ def resume_checkpoint(cls, cfg, given):
         raise DataError(f"--resume: {e}") from None
     if saved["task"] is not None:  # a task's data is held to the run's regime wherever it is: it may have moved
         free.append("data_dir")
+    written = Path(cfg["out_dir"]) / "config.json"  # the run the folder describes: the checkpoint must be of it
+    if written.is_file():
+        run, ours = read_json(written), json.loads(json.dumps(ckpt["config"]))  # (as JSON: a tuple is a list there)
+        other = [f"{k} {v!r} (config.json: {run[k]!r})" for k, v in ours.items() if k not in free and k in run and
+                 run[k] != v]
+        if other:
+            raise DataError(f"--resume: {path} is not of the run that {written} describes: it has {', '.join(other)}")
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
@@ -262,16 +269,9 @@ def init_checkpoint(cfg, given):
 # A run's folder, written while it trains
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a cluster scheduler): save a checkpoint and exit 128 + the signal."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 class Signals:
-    """While installed, SIGINT and SIGTERM raise Interrupted, except inside `with signals.hold():`
+    """While installed, SIGINT and SIGTERM raise Interrupted (train.py: it saves a checkpoint, then exits 128 +
+    the signal), except inside `with signals.hold():`
     (an optimiser update, a checkpoint save), which a signal waits for. Once stopping, every
     further signal waits: the checkpoint being saved on the way out must be written whole."""
 
@@ -392,6 +392,8 @@ class Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.resume is None:
                 clear_run(self.out_dir)
+            else:  # a finished run resumed to more steps is a run not finished, until it is
+                (self.out_dir / "summary.json").unlink(missing_ok=True)
             config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
             atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
             atomic_write(self.out_dir / "log.jsonl", lambda f: f.write("".join(json.dumps(r) + "\n" for r in
@@ -457,8 +459,13 @@ def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
 
 
 def run_files(out_dir):
-    """The files in out_dir that make it hold a run (empty if none)."""
-    return [name for name in RUN_FILES if (Path(out_dir) / name).exists()]
+    """The files in out_dir that make it hold a run (empty if none). One of their names that is not a file (a
+    folder) is a DataError: --overwrite could not delete it, and would stop halfway through the others."""
+    found = [Path(out_dir) / name for name in RUN_FILES if (Path(out_dir) / name).exists()]
+    for path in found:
+        if not path.is_file():
+            raise DataError(f"{path} is not a file but a run's files go by that name: move it away")
+    return [path.name for path in found]
 
 
 def clear_run(out_dir):
@@ -491,6 +498,9 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
     if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
+    bad = next((name for name, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()), None)
+    if bad:  # (train.py saves none: it stops at a loss that is not finite, keeping the checkpoint before it)
+        raise DataError(f"{path} is damaged: its {bad} is not finite")
     return ckpt
 
 
@@ -540,9 +550,11 @@ def model_from(ckpt, out_dir):
 
 
 def of_kind(value, kind):
-    """isinstance(value, kind), where a bool is no number and an int is a float too (a preset's epochs=200)."""
+    """isinstance(value, kind), where a bool is no number and an int is a float too (a preset's epochs=200), if it
+    fits one (JSON's 400-digit integer does not)."""
     if kind in (int, float):
-        return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+        number = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+        return number and (kind is int or isinstance(value, float) or abs(value) <= sys.float_info.max)
     return isinstance(value, kind)
 
 
@@ -613,10 +625,16 @@ def load_checkpoint(out_dir, device, data_dir=None):
     return saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir).to(device).eval()
 
 
-def load_data(cfg, with_train=True):
+def load_data(cfg, with_train=True, new_block=False):
     """The data set a run's config names (a training config, or a saved one), its training split too
-    unless with_train is False."""
-    return DATASETS[cfg.data](cfg, with_train)
+    unless with_train is False; its samples must fit the model's block, which a new run (`new_block`) sets."""
+    data = DATASETS[cfg.data](cfg, with_train)
+    if data.longest and data.longest > cfg.block_size + 1:
+        if new_block:
+            raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
+        raise DataError(f"{cfg.data_dir} holds a sample of {data.longest} tokens, longer than the model's "
+                        f"block_size={cfg.block_size}")
+    return data
 
 
 def training_data(cfg, run, generates=None, home=None):
@@ -634,7 +652,7 @@ def training_data(cfg, run, generates=None, home=None):
         elif missing and run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the
             raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # command that would make it
                             f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
-    data = load_data(cfg)
+    data = load_data(cfg, new_block=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
         # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
@@ -644,8 +662,6 @@ def training_data(cfg, run, generates=None, home=None):
             f"the model's is fixed: train a new run with --vocab-size={fits}"
         raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
                          f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
-    if data.longest and data.longest > cfg.block_size + 1:
-        raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
     return data
 
 
@@ -664,6 +680,22 @@ def seed_group(run):
     task = run.get("task")
     regime = arithmetic.Task.from_meta(task).label if task else ""  # e.g. 'int-steps, tiers 4,5,6 operands'
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
+
+
+def by_setting(records, items=None):
+    """{seed_group: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages
+    as the seeds of one setting; `items`, one per record, are what it groups (by default the records). A seed
+    twice in one setting is an error: a run counted twice would make its mean look surer than it is."""
+    groups, seen = {}, set()
+    for record, item in zip(records, records if items is None else items):
+        key = seed_group(record)
+        if "seed" in record and (key, record["seed"]) in seen:
+            regime, router = key[:2]
+            raise UsageError(f"two of these runs are seed {record['seed']} of router {router}"
+                             f"{', ' + regime if regime else ''}: a mean over seeds takes each seed once")
+        seen.add((key, record.get("seed")))
+        groups.setdefault(key, []).append(item)
+    return groups
 
 
 def mean_sd(values):
@@ -694,9 +726,7 @@ def results_table(summaries, split="test"):
     if split == "val" and not metrics[0].startswith("val_acc"):
         raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
                          "the validation split existed, or not arithmetic)")
-    rows = {}
-    for s in summaries:
-        rows.setdefault(seed_group(s), []).append(s)
+    rows = by_setting(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
         return single_run_table(summaries, metrics)
     accuracy = metrics[0] != "val_ppl"

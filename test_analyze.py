@@ -33,7 +33,17 @@ def test_routes_command(arith_run, capsys):
     M = analyze.main(["routes", "--out-dir", str(arith_run)])
     torch.testing.assert_close(M.sum(1), torch.ones(2))
     out = capsys.readouterr().out
-    assert "router lime" in out and "100" in out
+    assert "router lime: row = layer" in out and "100" in out
+
+
+@pytest.mark.parametrize("mode, note", [("value-residual", "the values; the keys are each layer's own"),
+                                         ("dynamic", "the weights' part that is the same at every token")])
+def test_routes_say_what_the_map_leaves_out(mode, note, tmp_path, arith_dir, capsys):
+    run = tmp_path / mode
+    train.main(tiny_args(arith_dir, run, f"--router={mode}", "--max-steps=2"))
+    capsys.readouterr()
+    analyze.main(["routes", "--out-dir", str(run)])
+    assert f"router {mode} ({note}): row = layer" in capsys.readouterr().out
 
 
 def test_renyi_entropy_extremes():
@@ -102,7 +112,7 @@ def test_ablation_table(tmp_path, capsys):
                                                                       code=1))
 
 
-def test_table_averages_over_seeds(tmp_path):
+def test_table_averages_over_seeds(tmp_path, capsys):
     dirs = []
     for regime, field in (("mod", "mod"), ("int", "int")):
         task = dataclasses.asdict(arithmetic.Task(field=field, count="operators", target="answer"))
@@ -124,6 +134,10 @@ def test_table_averages_over_seeds(tmp_path):
     val = analyze.main(["table", "--split", "val", *dirs])
     twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
     assert "| mod11-answer, tiers 4,5,6 operators | lime | 3 |" in twice and "| 6 |" not in twice
+    shutil.copytree(dirs[0], tmp_path / "copy")  # a copy of a run is not one more seed (curves: the same)
+    assert error_of(analyze.main, ["table", *dirs[:3], str(tmp_path / "copy")], capsys) == (
+        "analyze.py: error: two of these runs are seed 0 of router lime, mod11-answer, tiers 4,5,6 operators: "
+        "a mean over seeds takes each seed once")
     lang = []
     for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
         lang.append(tmp_path / f"{preset}-{router}")
@@ -149,6 +163,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_6=acc)
                      for i, acc in enumerate(accs)]
             rows[-1]["val_loss"] = math.nan if (router, seed) == ("none", 1) else rows[-1]["val_loss"]
+            rows += [dict(step=100, val_loss=5.0)] * ((router, seed) == ("lime", 0))  # a step logged twice, damaged
             (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')  # a cut last line
             dirs.append(str(d))
     curves = analyze.main(["curves", *dirs, dirs[0], "--out", str(tmp_path / "c.png")])  # a run given twice: once
@@ -163,6 +178,17 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert "     200       60.0 ± 14.1       30.0 ± 14.1" in out
     assert "     300       80.0 ± 14.1                 -" in out
     assert "its last line was cut short" in out
+    huge = tmp_path / "huge"  # JSON's integers have no limit; a float does
+    shutil.copytree(dirs[0], huge)
+    (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 1' + "0" * 400 + '}\n')
+    assert "step 100: val_loss is not a number (1000" in error_of(analyze.main, ["curves", str(huge)], capsys, code=1)
+    (huge / "summary.json").write_text(json.dumps(dict(router="lime", acc_4=10**400, val_loss=0.5)))
+    assert "summary.json is not what this repo writes: its 'acc_4' is 1000" in error_of(
+        analyze.main, ["table", str(huge)], capsys, code=1)
+    shutil.copytree(dirs[1], tmp_path / "copy")  # a copy of a run is not one more seed
+    assert error_of(analyze.main, ["curves", *dirs, str(tmp_path / "copy")], capsys).endswith(
+        "two of these runs are seed 1 of router lime, mod11-answer, tiers 4,5,6 operators: a mean over seeds takes "
+        "each seed once")
     picture = tmp_path / "curves.png"  # where curves saves its picture by default: a glob over the runs finds it
     picture.write_bytes(b"\x89PNG")
     acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])

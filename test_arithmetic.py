@@ -15,6 +15,7 @@ import torch
 import arithmetic
 import prepare_data
 from cli import DataError
+from conftest import error_of
 from data import evaluate
 from lime import GPT, GPTConfig
 
@@ -225,3 +226,48 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     assert arithmetic.holds(folder) == dict(**dataclasses.asdict(arithmetic.Task(**{**arithmetic.DEFAULTS,
                                                                                     "tiers": (2, 3)})),
                                             seed=0, train_size=30, test_size=4)
+
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--field", "mod", "--modulus", "2305843009213693951"], "--modulus must be at most 65528, got 2305843009213693951"),
+    (["--max-value", "1000000000000"], "--max-value must be at most 65527, got 1000000000000")])
+def test_numbers_past_16_bit_tokens_are_refused_before_anything_is_written(tmp_path, capsys, flags, message):
+    """Both used to hang: the prime checked up to P, the vocabulary of a token per number built after the splits."""
+    err = error_of(prepare_data.main, ["arithmetic", "--data-dir", str(tmp_path / "d"), *flags], capsys)
+    assert err == f"prepare_data.py: error: {message}: every number is a token, and the task's vocabulary holds at " \
+                  "most 65536 tokens (16-bit ids)"
+    assert not (tmp_path / "d").exists()
+    assert len(arithmetic.Task(max_value=65527).vocab()) == 2**16
+    assert len(arithmetic.Task(field="mod", modulus=65521).vocab()) == 2**16 - 7  # the largest prime that fits
+
+
+def test_primes_are_told_by_divisors_up_to_the_square_root():
+    def prime(p):
+        try:
+            return arithmetic.Task(field="mod", modulus=p) is not None
+        except DataError:
+            return False
+    assert [p for p in range(-1, 60) if prime(p)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]
+    assert not prime(251 * 251) and not prime(251 * 257) and prime(65521)
+
+
+@pytest.mark.parametrize("text", ["( " * 3000 + "1" + " )" * 3000, " + ".join(["1"] * 3000)])
+def test_an_expression_too_deep_for_the_parser_is_one_error(text):
+    """Not Python's RecursionError and its traceback of thousands of lines: --start, or a data file's line."""
+    with pytest.raises(DataError) as e:
+        arithmetic.Task().parse(text)
+    assert str(e.value) == "an expression nested too deeply to read"
+
+
+def test_data_of_another_range_of_numbers_says_so(tmp_path):
+    """The regimes differ only in max_operand: the data's description names it, not two identical ones."""
+    arithmetic.prepare(tmp_path, arithmetic.Task(max_operand=10), seed=0, train_size=5, test_size=2)
+    run = dict(**dataclasses.asdict(arithmetic.Task()), seed=0, train_size=5, test_size=2)
+    with pytest.raises(DataError) as e:
+        arithmetic.load(tmp_path, trained_on=run)
+    assert str(e.value) == (
+        f"{tmp_path} holds int-steps, tiers 4,5,6 operands, max_operand 10, max_value 999 (seed 0; 5 train, 2 test, 2 "
+        "val a tier), but the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a "
+        f"tier): give --data-dir the run's data, or rebuild it with `python prepare_data.py arithmetic --data-dir "
+        f"{tmp_path} --field int --count operands --tiers 4,5,6 --target steps --train-size 5 --test-size 2 --overwrite`")

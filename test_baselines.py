@@ -86,7 +86,7 @@ def test_parameters_and_flops():
 
 
 @pytest.mark.parametrize("method", ["hc", "dwa", "value-residual"])
-def test_resume_is_exact(method, answer_dir, tmp_path):
+def test_resume_is_exact(method, answer_dir, tmp_path, capsys):
     args = ("--router=" + method, "--max-steps=3", "--eval-interval=3")
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train.main(tiny_args(answer_dir, whole, *args))
@@ -95,6 +95,9 @@ def test_resume_is_exact(method, answer_dir, tmp_path):
     assert_same_run(parts, whole)
     summary = json.loads((whole / "summary.json").read_text())
     assert summary["router"] == method and summary["parameters"]["total"] > summary["parameters"]["mlp"]
+    part = "router" if method == "value-residual" else "residual"  # the method's parameters, where train.py says
+    assert f"M parameters, {part.replace('residual', 'residual stream')} {summary['parameters'][part]:,};" in \
+        capsys.readouterr().out
 
 
 def test_a_benchmark_row_for_each(tmp_path):

@@ -3,8 +3,11 @@ code, and nothing written."""
 
 import ast
 import dataclasses
+import errno
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,6 +96,38 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     assert sorted(tmp_path.iterdir()) == [path, writing] and path.read_bytes() == b"new"
 
 
+def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"old")
+
+    def disk_full(error):
+        def write(f):
+            f.write(b"half")
+            raise error
+        return write
+
+    for error, says in ((OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+                        (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing "
+                                      "file data/0: file write failed\n(more)"), "[enforce fail at inline_container")):
+        with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}: {says}")):
+            cli.atomic_write(path, disk_full(error))
+        assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
+    with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}/x: {path} is a file, not a folder")):
+        cli.atomic_write(path / "x", lambda f: f.write(b"new"))
+
+
+def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
+    """As Ctrl-C: a temporary file goes (a write cut short), then one line and exit 143, not a silent kill."""
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e, cli.one_line_errors("prepare_data.py"):
+            cli.atomic_write(tmp_path / "train.txt", lambda f: (f.write(b"half"), os.kill(os.getpid(), signal.SIGTERM)))
+        assert e.value.code == 143 and capsys.readouterr().err == "prepare_data.py: interrupted (SIGTERM)\n"
+        assert not list(tmp_path.iterdir())
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
 def test_every_config_train_saves_is_read_back():
     """The checks a saved config is read back with (runs.check_config: sample.py and analyze.py read EvalConfig's
     fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
@@ -167,6 +202,8 @@ BAD_INPUTS = [
      "input.txt: give an http(s) URL: for a file here, put it in "),  # (requests: a traceback, an empty folder)
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--url="], 2,
      "--url=: give an http(s) URL"),
+    ("prepare_data", lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--base-url=http://localhost:99999/"],
+     2, "--base-url=http://localhost:99999/: not a URL (Failed to parse: http://localhost:99999/)"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
      "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
@@ -190,8 +227,9 @@ BAD_INPUTS = [
      "notes.md: the picture is a PNG: give a path ending in .png"),
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
-    ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "prunes learned static routers"),
-    ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, f"prunes learned static routers ({PRUNABLE}), "
+    ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "--router-top-p applies to routers whose "
+     "weights are a learned Parameter, the same at every token"),
+    ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, f"the same at every token ({PRUNABLE}), "
      "not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),
     ("train", train_args("--stop-at=13"), 2, "--stop-at=13 is past the last step (max_steps=12)"),
@@ -272,6 +310,12 @@ def hand_edit(**changes):
     return lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["config"].update(changes))
 
 
+def config_edit(**changes):
+    """The run's config.json edited by hand, the same way (--resume holds the checkpoint to it)."""
+    return lambda d, r, t: write(r / "config.json", json.dumps({**json.loads((r / "config.json").read_text()),
+                                                                 **changes}))
+
+
 DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: write(r / "ckpt.pt", b""), resume), 1,
      "ckpt.pt is empty (cut short while it was written?)"),
@@ -286,6 +330,16 @@ DAMAGED = [
      "holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier), but the run was trained on "
      "int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give --data-dir the run's data, "
      "or rebuild it with `python prepare_data.py arithmetic --data-dir "),
+    ("train", then(lambda d, r, t: ((r / "log.jsonl").unlink(), (r / "log.jsonl").mkdir()),
+                   lambda d, r, t: tiny_args(d, r, "--overwrite")), 1,
+     "log.jsonl is not a file but a run's files go by that name: move it away"),  # not half the run deleted
+    ("analyze", then(lambda d, r, t: (t / "p" / "config.json").mkdir(parents=True),
+                     lambda d, r, t: ["prune", "--out-dir", str(r), "--top-p", "0.5", "--save", str(t / "p"),
+                                      "--overwrite"]), 1, "config.json is not a file but a run's files go by that name"),
+    ("sample", then(lambda d, r, t: write(d / "val_4.txt", " + ".join(["1"] * 60) + " = 60\n" +
+                                          "".join((d / "val_4.txt").read_text().splitlines(True)[1:])),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
+     "holds a sample of 122 tokens, longer than the model's block_size="),  # (a flag cannot make it fit)
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
                    lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),
     ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()),
@@ -347,6 +401,11 @@ DAMAGED = [
      "ckpt.pt: in its saved config, task: field must be int or mod, got 'real'"),
     ("analyze", then(hand_edit(micro_batch_size=0), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]),
      1, "ckpt.pt: in its saved config, micro_batch_size must be positive, got 0"),
+    ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
+     ("--resume: ", "ckpt.pt is not of the run that ", "config.json describes: it has seed 7 (config.json: ")),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"]["transformer.h.0.mlp.c_fc.weight"].fill_(
+        math.nan)), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     "ckpt.pt is damaged: its transformer.h.0.mlp.c_fc.weight is not finite"),
     ("train", then(on_the_copy, hand_edit(lr=0), resume), 1,
      ("--resume: ", "ckpt.pt: in its saved config, lr must be positive, got 0")),  # (not --lr: no flag gave it)
     ("train", then(on_the_copy, hand_edit(preset=["tiny"]), resume), 1,
@@ -357,7 +416,8 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
      "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
-    ("train", then(on_the_copy, hand_edit(vocab_size=2048), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
+    ("train", then(on_the_copy, hand_edit(vocab_size=2048), config_edit(vocab_size=2048),
+                   lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
      ("--resume: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
     ("train", then(hand_edit(vocab_size=2048), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")),
      1, ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),

@@ -87,6 +87,9 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
     with pytest.raises(DataError, match="token id 900 of a train shard is past the model's --vocab-size=64, which "
                                         "the validation shard's tokens fit: train a new run with a --vocab-size above it"):
         data.batch(np.random.default_rng(0), 4)
+    (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
+    with pytest.raises(DataError, match=re.escape("x_train_000001.bin: cannot be read (Is a directory)")):
+        TokenData(cfg)
 
 
 def test_shakespeare_tokenised_into_shards(serve, tmp_path):
@@ -98,6 +101,12 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path):
     assert train[0] == val[0] == enc.eot_token
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
+    for shard in tmp_path.glob("*.bin"):
+        shard.unlink()
+    (tmp_path / "input.txt").write_bytes(b"\xff\xfe not UTF-8")  # a text of your own, put there, in another encoding
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'input.txt'} cannot be read as UTF-8 text ('utf-8' "
+                                                  "codec can't decode byte 0xff in position 0")):
+        prepare_data.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
 
 
 def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():

@@ -82,6 +82,15 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert f"{regime / 'lime-seed1'} is a finished run of --epochs 0.5, not 1: a finished run is kept, so give " \
         "another --out-dir" in error_of(grid.main, other, capsys)
     assert snapshot(regime) == before
+    lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
+    config = json.loads((lime / "config.json").read_text())
+    (lime / "config.json").write_text(json.dumps({**config, "epochs": "0.5"}))
+    assert error_of(grid.main, args, capsys, code=1).endswith(
+        f"{lime / 'config.json'} is not what this repo writes: its 'epochs' is '0.5'")
+    (lime / "config.json").write_text(json.dumps(config))
+    shutil.copy(none / "summary.json", lime / "summary.json")
+    assert error_of(grid.main, args, capsys, code=1).endswith(
+        f"{lime / 'summary.json'} is of router none, seed 1, not of the run its folder is for: move it away")
 
 
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
@@ -105,8 +114,9 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
-    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p prunes learned "
-     f"static routers ({PRUNABLE}), not --router=none"),  # each router's flags are checked
+    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p applies to "
+     f"routers whose weights are a learned Parameter, the same at every token ({PRUNABLE}), not --router=none"),
+    # (each router's flags are checked)
 ])
 def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):
     """The flags after -- too, by train.py's own --dry-run: one line, exit 2, no data generated, no run started."""

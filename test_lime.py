@@ -21,15 +21,21 @@ from bench import saved_bytes
 from conftest import small_config, small_model, tiny_args, tokens
 from lime import GPT, GPTConfig
 
-MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]
-# every --router name there is, the baselines' too (baselines.py): the model's basic promises hold for each
-EVERY = [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.registry().items()]
+MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]  # this repo's routers, their masks known here
 
 
-LEARNED = ["lime", "last-2", "first-2", "dynamic"]
+def methods_where(test=lambda cls: True):
+    """The --router values (J = 2 where it has no default) of the methods of the registry that pass test:
+    a fork's too, so that the promises every method keeps are tested for it."""
+    return [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.registry().items() if test(cls)]
 
 
-ROUTED = ["lime", "average", "last-2", "first-2", "dynamic"]
+EVERY = methods_where()  # every --router name there is, the baselines' too (baselines.py)
+# those that route K/V (a Router's model routes nothing for `none`); with parameters of their own
+ROUTED = methods_where(lambda cls: methods.satisfies(cls, lambda r: type(r) is not lime.Own))
+LEARNED = methods_where(lambda cls: methods.satisfies(cls, lambda r: any(True for _ in r.parameters())))
+# whose weights() is a Parameter (dynamic's: its token-independent part), set to the identity below
+STATED = methods_where(lambda cls: methods.satisfies(cls, lambda r: isinstance(r.weights(), torch.nn.Parameter)))
 
 
 @pytest.mark.parametrize("mode", EVERY)
@@ -95,6 +101,8 @@ def test_generate_sampling_and_length_check():
     torch.manual_seed(3)
     b = model.generate(tokens(T=4), 8, temperature=1.0, top_k=5)
     assert a.shape == (2, 12) and torch.equal(a, b)
+    greedy = model.generate(tokens(T=4), 8, temperature=0)  # the limit of a temperature near 0, with no NaN on the way
+    assert torch.equal(model.generate(tokens(T=4), 8, temperature=1e-300), greedy)
     with pytest.raises(ValueError, match="block_size"):
         model.generate(tokens(T=30), 5)
     with pytest.raises(ValueError, match="top_k=0"):
@@ -114,12 +122,13 @@ def test_gradients_reach_router(mode):
 
 
 def routed_model(mode, **kw):
-    """A model whose routing matters everywhere: the dynamic routers' input maps start at zero."""
+    """A model whose routing matters everywhere: a per-token router's input maps (dynamic's) start at zero."""
     model = small_model(mode, **kw)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "router.proj" in name:
-                p.normal_(0, 0.2)
+        for router in model.routers:
+            for m in router.modules() if router.per_token else ():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.normal_(0, 0.2)
     return model
 
 
@@ -218,19 +227,18 @@ def test_excluded_sources_stay_zero_through_training():
     assert torch.all(r[:, 2:5] == 0) and r[:, [0, 1]].abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", LEARNED)
+@pytest.mark.parametrize("mode", STATED)
 def test_identity_router_equals_none(mode):
     base = small_model("none", seed=0)
     routed = small_model(mode, seed=1)  # different weights everywhere, then overwritten
     missing, unexpected = routed.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and missing and all("router" in k for k in missing)
     with torch.no_grad():
-        for name, p in routed.named_parameters():
-            if name.endswith("router.weight"):
+        for router in routed.routers[1:]:
+            for p in router.parameters():  # (a per-token router's input maps too)
                 p.zero_()
-                p[:, -1] = 1.0 if p.dim() == 2 else torch.eye(p.shape[0])  # within each head, or across heads
-            elif "router" in name:
-                p.zero_()
+            w = router.weights()
+            w[:, -1] = 1.0 if w.dim() == 2 else torch.eye(w.shape[0])  # within each head, or across heads
     idx = tokens()
     torch.testing.assert_close(routed(idx)[0], base(idx)[0], rtol=0, atol=1e-6)
 
@@ -499,3 +507,37 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them():
         assert not any(r.gate.weight.any() for r in model.routers[1:])
     finally:
         del methods.ROUTERS[Halves.name]
+
+
+def test_what_the_defaults_cannot_reach():
+    """A per-token router's Linear maps start at zero whatever their name (so it starts static, as dynamic);
+    a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset is an error."""
+    class Gated(lime.Router):
+        name, per_token = "gated", True
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
+            self.mix = torch.nn.Linear(config.n_embd, self.weight.numel(), bias=False)
+
+        def weights(self, x=None):
+            return self.weight if x is None else self.mix(x).view(*x.shape[:2], *self.weight.shape) + self.weight
+
+    class Shared(lime.Router):
+        name = "shared"
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.weight = torch.nn.Parameter(torch.empty(len(self.sources)))  # one weight a source, every head
+
+        def weights(self, x=None):
+            return self.weight.expand(self.n_kv, -1)
+
+    try:
+        model = small_model("gated")
+        assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
+        with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
+                                                       "Shared.init_weights()")):
+            small_model("shared")
+    finally:
+        del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name]

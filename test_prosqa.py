@@ -3,8 +3,10 @@ from a checkpoint through train.py, sample.py and analyze.py."""
 
 import dataclasses
 import json
+import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +15,8 @@ import prepare_data
 import prosqa
 import sample
 import train
-from conftest import error_of, prosqa_files, prosqa_records
+from cli import DataError
+from conftest import error_of, prosqa_files, prosqa_records, snapshot
 from data import decode_tokens
 from lime import GPT, GPTConfig
 
@@ -46,6 +49,60 @@ def test_corrupt_prosqa_file_is_reported_and_not_kept(serve, tmp_path, offline_g
     err = error_of(prepare_data.main, ["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url], capsys, code=1)
     assert err.startswith("prepare_data.py: error: prosqa_valid.json") and message in err
     assert not list(tmp_path.glob("prosqa_valid.*")) and (tmp_path / "prosqa_train.npz").exists()
+
+
+def changed(a, i, value):
+    a = a.copy()
+    a[i] = value
+    return a
+
+
+@pytest.mark.parametrize("damage, message", [  # damage(the file's good arrays): the arrays it replaces
+    (lambda f: dict(tokens=f["tokens"][:0], offsets=f["offsets"][:1], prompt_lens=f["prompt_lens"][:0]), "no records"),
+    (lambda f: dict(eot=np.array("x")), "eot is not an integer"),
+    (lambda f: dict(tokens=f["tokens"].astype(float)), "tokens is not a 1-D integer array"),
+    (lambda f: dict(prompt_lens=f["prompt_lens"][:, None]), "prompt_lens is not a 1-D integer array"),
+    (lambda f: dict(offsets=f["offsets"][:0]), "0 offsets for 4 records"),
+    (lambda f: dict(prompt_lens=f["prompt_lens"][:3]), "5 offsets for 3 records"),
+    (lambda f: dict(offsets=f["offsets"] + 1), "the offsets do not rise from 0 to the number of tokens"),
+    (lambda f: dict(offsets=f["offsets"][[0, 2, 1, 3, 4]]), "the offsets do not rise from 0 to the number of tokens"),
+    (lambda f: dict(prompt_lens=changed(f["prompt_lens"], 1, 0)),
+     "record 1: a prompt of 0 tokens, not 1 .. {m} of its {n}"),
+    (lambda f: dict(prompt_lens=changed(f["prompt_lens"], 1, np.diff(f["offsets"])[1])),
+     "record 1: a prompt of {n} tokens, not 1 .. {m} of its {n}"),
+    (lambda f: dict(tokens=changed(f["tokens"], 5, 257)), "token ids outside 0 .. 256, the end of text"),
+    (lambda f: dict(tokens=changed(f["tokens"].astype(np.int64), 5, -1)),
+     "token ids outside 0 .. 256, the end of text"),
+])
+def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damage, message):
+    prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)
+    path = tmp_path / "prosqa_valid.npz"
+    rows, eot = prosqa.load(tmp_path, "valid")  # as written: loads
+    assert len(rows) == 4 and eot == offline_gpt2.eot_token
+    with np.load(path) as f:
+        good = dict(f)
+    np.savez(path, **{**good, **damage(good)})
+    before = snapshot(tmp_path)
+    with pytest.raises(DataError) as e:
+        prosqa.load(tmp_path, "valid")
+    n = len(rows[1][0])
+    assert str(e.value) == (f"{path}: {message.format(n=n, m=n - 1)}; remove it and run "
+                            f"`python prepare_data.py prosqa --data-dir {tmp_path}`")
+    assert snapshot(tmp_path) == before
+
+
+def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gpt2):
+    """Scored by zip, a test split of 3 questions against 4 answers would pair the wrong ones, or leave some out."""
+    prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)
+    with np.load(tmp_path / "prosqa_test.npz") as f:
+        good = dict(f)
+    cut = good["offsets"][3]
+    np.savez(tmp_path / "prosqa_test.npz", **{**good, "tokens": good["tokens"][:cut], "offsets": good["offsets"][:4],
+                                              "prompt_lens": good["prompt_lens"][:3]})
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=2)
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'prosqa_test.npz'} holds 3 questions, prosqa_test.json "
+                                                  "4: remove the .npz and run `python prepare_data.py prosqa`")):
+        prosqa.Data(cfg)
 
 
 class ScriptedModel:

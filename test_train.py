@@ -371,7 +371,7 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
 def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path):
     """--resume without --preset or --data-dir continues on the run's own data, and with --data-dir on the same
     data moved elsewhere. Ending a run early with a lower --max-steps at a step that had an intermediate
-    evaluation evaluates it again, as a final one."""
+    evaluation evaluates it again, as a final one. Resumed to more steps, a finished run is one no longer."""
     parts, short, moved = tmp_path / "parts", tmp_path / "short", tmp_path / "moved"
     train.main(tiny_args(answer_dir, parts, "--stop-at=6"))
     shutil.copytree(answer_dir, moved)
@@ -382,6 +382,8 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     evals = [r for r in read_log(short) if "val_loss" in r]
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
     assert "acc_3" in json.loads((short / "summary.json").read_text())
+    train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
+    assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
 
 
 def test_language_data_cannot_move_under_a_resumed_run(language_run, tmp_path, capsys):

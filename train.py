@@ -37,8 +37,8 @@ import arithmetic
 import runs
 from data import TaskRows, batch_rng, evaluate
 from lime import GPT, GPTConfig
-from methods import parse_router, router_forms, satisfies
-from pruning import mask_routers, prune_routers, pruned_counts
+from methods import parse_router, satisfies
+from pruning import mask_routers, prunable, prune_routers, pruned_counts
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
 FREE = dict(resume="may change")  # where and how long a session runs: --resume may give it anew
@@ -87,8 +87,7 @@ class TrainConfig(runs.EvalConfig):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
         super().__post_init__()
         if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], lambda r: r.prunable):
-            raise ValueError(f"--router-top-p prunes learned static routers ({router_forms(lambda r: r.prunable)}), "
-                             f"not --router={self.router}")
+            raise ValueError(f"--router-top-p applies to {prunable()}, not --router={self.router}")
 
 
 PRESETS = {
@@ -201,6 +200,7 @@ def train(cfg, run):
 
     run.begin()  # the run's folder: written only now, once everything above has worked
     counts = raw_model.num_params()
+    method_params = f"residual stream {counts['residual']:,}" if counts["residual"] else f"router {counts['router']:,}"
     flops_per_token = raw_model.estimate_flops(cfg.block_size)
     tokens_per_step = cfg.batch_size * cfg.block_size
     peak = peak_flops(device, dtype)
@@ -211,7 +211,7 @@ def train(cfg, run):
     if run.init is not None:
         say(f"starting from the weights of {cfg.init_from} (its step {run.init['step']})")
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
-        f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, router {counts['router']:,}; "
+        f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, {method_params}; "
         f"{accum} micro-step(s) of {cfg.micro_batch_size} per step")
 
     def evaluate_and_save(step):
