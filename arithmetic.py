@@ -37,9 +37,7 @@ from data import TaskRows, greedy_accuracy
 OPS = ("+", "-", "*", "/")
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 SYMBOLS = ("<eos>", "=", "(", ")", *OPS)  # the vocabulary, before a token for every number 0..top
-# the largest number a regime can have: every number is a token, and token ids take 16 bits, as every data
-# set's do here (data.py's shards, prosqa.py's arrays)
-LARGEST = 2**16 - len(SYMBOLS) - 1
+LARGEST = 10**6  # the largest number a regime may have: every number is a token (and a row of the embedding)
 
 
 @dataclass(frozen=True)
@@ -60,11 +58,11 @@ class Task:
                               ("target", ("steps", "answer"))):
             if getattr(self, name) not in choices:
                 raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
-        if self.top > LARGEST:  # first: a vocabulary past it would take forever to build, a prime long to check
+        if self.top > LARGEST:  # first: a vocabulary far past it would take forever to build
             flag, value, most = ("--max-value", self.max_value, LARGEST) if self.field == "int" else \
                 ("--modulus", self.modulus, LARGEST + 1)
-            raise DataError(f"{flag} must be at most {most}, got {value}: every number is a token, and the task's "
-                            f"vocabulary holds at most {2**16} tokens (16-bit ids)")
+            raise DataError(f"{flag} must be at most {most}, got {value}: every number is a token of the task's "
+                            "vocabulary")
         if self.field == "mod" and not (self.modulus >= 2 and
                                         all(self.modulus % d for d in range(2, math.isqrt(self.modulus) + 1))):
             raise DataError(f"--modulus must be a prime (every nonzero number needs an inverse), got {self.modulus}")
@@ -385,8 +383,8 @@ class Vocab:
         try:
             return [self.stoi[t] for t in text.split()]
         except KeyError as e:
-            raise DataError(f"{e.args[0]!r} is not in the task vocabulary ({' '.join(self.itos[1:8])}, "
-                            f"numbers 0..{len(self.itos) - 9})") from None
+            raise DataError(f"{e.args[0]!r} is not in the task vocabulary ({' '.join(SYMBOLS[1:])}, "
+                            f"numbers 0..{len(self.itos) - len(SYMBOLS) - 1})") from None
 
     def decode(self, ids):
         return " ".join(self.itos[i] for i in ids)

@@ -90,7 +90,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises)."""
     if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    term = signal.getsignal(signal.SIGTERM)
+    if term is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, raise_interrupted)  # the same for SIGTERM, which would kill it in silence
     try:
         yield
@@ -107,6 +108,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         # what reads the output has closed it (`| head`): stop without a word, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
+    finally:
+        signal.signal(signal.SIGTERM, term)  # as it was: main() may run again, in a test or a notebook
 
 
 def stdout_closed():
@@ -185,7 +188,9 @@ def read_json(path, keys=()):
     except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise DataError(f"{path} is " + ("empty" if path.exists() and not path.stat().st_size else
                                          f"not valid JSON ({str(e).splitlines()[0]})")) from None
-    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
+    if not isinstance(value, dict):
+        raise DataError(f"{path} is not what this repo writes: not a JSON object")
+    missing = [k for k in keys if k not in value]
     if missing:
         raise DataError(f"{path} is not what this repo writes: it has no {missing[0]!r}")
     return value
@@ -208,7 +213,7 @@ def atomic_write(path, write):
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None
     except RuntimeError as e:  # how torch.save says the same
-        raise DataError(f"cannot write {path}: {str(e).strip().splitlines()[0]}") from None
+        raise DataError(f"cannot write {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     finally:
         tmp.unlink(missing_ok=True)
     for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # what a process killed while writing left

@@ -73,15 +73,20 @@ def tokenize(records, enc):
     return tokens.astype(np.uint16), np.cumsum([0] + [len(s) for s in seqs]), np.array(prompt_lens)
 
 
+def command(data_dir):
+    """The command that prepares the ProsQA data in data_dir."""
+    where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
+    return f"python prepare_data.py prosqa{where}"
+
+
 def load(data_dir, split):
     """One split as a list of (token ids, prompt length), and the end-of-text id. The ids are views
     into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory.
     A DataError unless the file is as prepare_data.py writes it (see `tokenize`)."""
     path = Path(data_dir) / f"prosqa_{split}.npz"
-    where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
     if not path.exists():
-        raise DataError(f"no ProsQA data in {data_dir}: run `python prepare_data.py prosqa{where}`")
-    again = f"; remove it and run `python prepare_data.py prosqa{where}`"  # which keeps an .npz that is there
+        raise DataError(f"no ProsQA data in {data_dir}: run `{command(data_dir)}`")
+    again = f"; remove it and run `{command(data_dir)}`"  # (which keeps an .npz that is there)
     try:
         with np.load(path) as f:
             tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))
@@ -133,7 +138,7 @@ class Data(TaskRows):
         test, records = load(cfg.data_dir, "test")[0], check(Path(cfg.data_dir) / "prosqa_test.json")
         if len(test) != len(records):  # the tokens and the answers they are scored against: one record each
             raise DataError(f"{Path(cfg.data_dir) / 'prosqa_test.npz'} holds {len(test)} questions, "
-                            f"prosqa_test.json {len(records)}: remove the .npz and run `python prepare_data.py prosqa`")
+                            f"prosqa_test.json {len(records)}: remove the .npz and run `{command(cfg.data_dir)}`")
         test, answers = test[:n], [r["answer"] for r in records[:n]]
         most = 2 * max(len(ids) - n_prompt for ids, n_prompt in self.val + test)
         self.tests = [(ids[:n_prompt].tolist(), answer, most) for (ids, n_prompt), answer in zip(test, answers)]

@@ -35,7 +35,7 @@ def top_p_mask(weight, p):
     return torch.zeros_like(keep_ranked).scatter(1, order, keep_ranked).view(weight.shape)
 
 
-def prunable():
+def prunable_forms():
     """What top-p pruning applies to, as the error messages say it."""
     return f"routers whose weights are a learned Parameter, the same at every token ({router_forms(lambda r: r.prunable)})"
 
@@ -45,7 +45,7 @@ def prunable_routers(model):
     names = {id(p): name for name, p in model.named_parameters()}
     found = {names[id(r.weights())]: r for r in model.routers if r.prunable}
     if not found:
-        raise UsageError(f"top-p pruning applies to {prunable()}, not router={model.config.router!r}")
+        raise UsageError(f"top-p pruning applies to {prunable_forms()}, not router={model.config.router!r}")
     return found
 
 

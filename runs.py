@@ -229,12 +229,14 @@ def resume_checkpoint(cls, cfg, given):
     if saved["task"] is not None:  # a task's data is held to the run's regime wherever it is: it may have moved
         free.append("data_dir")
     written = Path(cfg["out_dir"]) / "config.json"  # the run the folder describes: the checkpoint must be of it
-    if written.is_file():
-        run, ours = read_json(written), json.loads(json.dumps(ckpt["config"]))  # (as JSON: a tuple is a list there)
-        other = [f"{k} {v!r} (config.json: {run[k]!r})" for k, v in ours.items() if k not in free and k in run and
-                 run[k] != v]
-        if other:
-            raise DataError(f"--resume: {path} is not of the run that {written} describes: it has {', '.join(other)}")
+    try:  # both read as check_config reads them (an older run's relative data_dir, its missing fields); as JSON
+        run, ours = (json.loads(json.dumps(c)) for c in (check_config(read_json(written), written, cls), saved))
+    except DataError:  # none, or damaged: --resume writes it anew
+        run = ours = {}
+    other = [f"{k} {ours[k]!r} (config.json: {run[k]!r})" for k in ours if k not in free and run[k] != ours[k]]
+    if other:
+        raise DataError(f"--resume: {path} is not of the run that {written} describes: it has {', '.join(other)}; "
+                        f"if it is, remove {written.name}, which --resume writes anew")
     clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
@@ -605,7 +607,7 @@ def read_record(path):
     """A run's summary.json or config.json, the fields that tables group runs by (seed_group) checked: a
     DataError naming the file and the field otherwise."""
     record = read_json(path, keys=("router",))
-    for key, kind in dict(router=str, preset=str, steps=int, max_steps=int, task=dict).items():
+    for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict).items():
         if record.get(key) is not None and not isinstance(record[key], kind):
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
@@ -692,7 +694,8 @@ def by_setting(records, items=None):
         if "seed" in record and (key, record["seed"]) in seen:
             regime, router = key[:2]
             raise UsageError(f"two of these runs are seed {record['seed']} of router {router}"
-                             f"{', ' + regime if regime else ''}: a mean over seeds takes each seed once")
+                             f"{', ' + regime if regime else ''}: a mean over seeds takes each seed once (a copy of "
+                             "a run, or runs that differ in what a table does not tell apart: lr, pruning, ...)")
         seen.add((key, record.get("seed")))
         groups.setdefault(key, []).append(item)
     return groups

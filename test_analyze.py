@@ -137,7 +137,8 @@ def test_table_averages_over_seeds(tmp_path, capsys):
     shutil.copytree(dirs[0], tmp_path / "copy")  # a copy of a run is not one more seed (curves: the same)
     assert error_of(analyze.main, ["table", *dirs[:3], str(tmp_path / "copy")], capsys) == (
         "analyze.py: error: two of these runs are seed 0 of router lime, mod11-answer, tiers 4,5,6 operators: "
-        "a mean over seeds takes each seed once")
+        "a mean over seeds takes each seed once (a copy of a run, or runs that differ in what a table does not tell "
+        "apart: lr, pruning, ...)")
     lang = []
     for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
         lang.append(tmp_path / f"{preset}-{router}")
@@ -188,7 +189,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     shutil.copytree(dirs[1], tmp_path / "copy")  # a copy of a run is not one more seed
     assert error_of(analyze.main, ["curves", *dirs, str(tmp_path / "copy")], capsys).endswith(
         "two of these runs are seed 1 of router lime, mod11-answer, tiers 4,5,6 operators: a mean over seeds takes "
-        "each seed once")
+        "each seed once (a copy of a run, or runs that differ in what a table does not tell apart: lr, pruning, ...)")
     picture = tmp_path / "curves.png"  # where curves saves its picture by default: a glob over the runs finds it
     picture.write_bytes(b"\x89PNG")
     acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])

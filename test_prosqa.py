@@ -101,7 +101,8 @@ def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gp
                                               "prompt_lens": good["prompt_lens"][:3]})
     cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=2)
     with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'prosqa_test.npz'} holds 3 questions, prosqa_test.json "
-                                                  "4: remove the .npz and run `python prepare_data.py prosqa`")):
+                                                  "4: remove the .npz and run `python prepare_data.py prosqa "
+                                                  f"--data-dir {tmp_path}`")):
         prosqa.Data(cfg)
 
 

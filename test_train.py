@@ -382,6 +382,7 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     evals = [r for r in read_log(short) if "val_loss" in r]
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
     assert "acc_3" in json.loads((short / "summary.json").read_text())
+    (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
 
