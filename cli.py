@@ -99,6 +99,11 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         fail(script, f"error: {e}", 2)
     except DataError as e:
         fail(script, f"error: {e}{data_hint(e)}", 1)
+    except (torch.OutOfMemoryError, RuntimeError) as e:  # CUDA's, and a CPU allocator's (a RuntimeError)
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+            raise  # any other RuntimeError is a fault to see
+        fail(script, f"error: out of memory ({str(e).strip().splitlines()[0][:160]}): a smaller --micro-batch-size, "
+                     "--block-size or model needs less", 1)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)

@@ -125,6 +125,21 @@ def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     assert not list(tmp_path.iterdir()) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+@pytest.mark.parametrize("error, says", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB\n"
+                            "(more)"), "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 8000000000000 bytes."), "DefaultCPUAllocator: can't allocate memory")])
+def test_out_of_memory_is_one_line(capsys, error, says):
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
+        raise error
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith("train.py: error: out of memory (") and says in err
+    assert err.endswith("): a smaller --micro-batch-size, --block-size or model needs less\n") and err.count("\n") == 1
+    with pytest.raises(RuntimeError, match="a fault"), cli.one_line_errors("train.py"):  # any other: a traceback
+        raise RuntimeError("a fault")
+
+
 def test_every_config_train_saves_is_read_back():
     """The checks a saved config is read back with (runs.check_config: sample.py and analyze.py read EvalConfig's
     fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
