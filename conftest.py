@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import threading
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import torch
 
 if not torch.cuda.is_available():  # before lime imports kernels.py: Triton kernels then run on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# NOTE a job a script starts in the background (`pytest &`, nohup) ignores Ctrl-C, and so would every script the
+# tests start: the tests of Ctrl-C need it as an interactive shell leaves it, to Python's handler
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import arithmetic  # noqa: E402
 import prosqa  # noqa: E402
