@@ -203,7 +203,7 @@ def read_json(path, keys=()):
 
 def atomic_write(path, write):
     """Call write(f) on a temporary file beside `path`, then rename it into place: a reader sees
-    the old file or the new one, never half of one. The temporary file is this process's own, so two
+    the old file or the new one, never half of one, even after a crash. The temporary file is this process's own, so two
     processes writing one file (two runs that generate their preset's data at once) do not collide."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -214,6 +214,8 @@ def atomic_write(path, write):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it takes the name: after a power cut, the old file or the new one
         os.replace(tmp, path)
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None

@@ -116,6 +116,17 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
         cli.atomic_write(path / "x", lambda f: f.write(b"new"))
 
 
+def test_a_write_is_on_disk_before_it_takes_the_name(tmp_path, monkeypatch):
+    """A rename can reach the disk before the data it names (ext4's delayed allocation, say): after a power cut, an
+    empty checkpoint in place of the old one. So the data is synced first."""
+    done = []
+    monkeypatch.setattr(cli.os, "fsync", lambda fd: done.append(("fsync", os.fstat(fd).st_size)))
+    replace = os.replace
+    monkeypatch.setattr(cli.os, "replace", lambda a, b: (done.append(("replace",)), replace(a, b)))
+    cli.atomic_write(tmp_path / "ckpt.pt", lambda f: f.write(b"weights"))
+    assert done == [("fsync", 7), ("replace",)] and (tmp_path / "ckpt.pt").read_bytes() == b"weights"
+
+
 def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     """As Ctrl-C: a temporary file goes (a write cut short), then one line and exit 143, not a silent kill."""
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # (what every script starts with)
