@@ -189,9 +189,10 @@ def cmd_entropy(args):
         curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
     print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {' or '.join(map(str, sorted(counts)))} "
           "sequences")
-    print("layer " + "".join(f"{name:>16}" for name in curves))
+    width = 2 + max(14, *map(len, curves))  # a column per curve, as wide as its name and a space or two
+    print("layer " + "".join(f"{name:>{width}}" for name in curves))
     for l in range(max(len(c) for c in curves.values())):
-        print(f"{l:>5} " + "".join(f"{c[l]:16.3f}" if l < len(c) else " " * 16 for c in curves.values()))
+        print(f"{l:>5} " + "".join(f"{c[l]:{width}.3f}" if l < len(c) else " " * width for c in curves.values()))
     save_plot(Path(args.out_dir[0]) / "entropy.png", curves, "layer", f"Renyi entropy (alpha {args.alpha})",
               "representation entropy per layer")
     return curves

@@ -387,7 +387,8 @@ class Vocab:
                             f"numbers 0..{len(self.itos) - len(SYMBOLS) - 1})") from None
 
     def decode(self, ids):
-        return " ".join(self.itos[i] for i in ids)
+        """An id past the task's tokens reads '<?>': a model's vocabulary may be larger (--init-from a language run)."""
+        return " ".join(self.itos[i] if i < len(self.itos) else "<?>" for i in ids)
 
 
 def load(data_dir, trained_on=None):

@@ -207,8 +207,9 @@ def atomic_write(path, write):
     processes writing one file (two runs that generate their preset's data at once) do not collide."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    problem = folder_problem(path.parent)  # (a file where a folder of the path should be, say)
-    if problem:
+    problem = folder_problem(path.parent) or \
+        (path.exists() and not path.is_file() and f"{path} is not a file")  # (a file where a folder should be, say;
+    if problem:  # a folder where the file should be, or a device: /dev/null, which a rename would replace, as root)
         raise DataError(f"cannot write {path}: {problem}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -607,7 +607,7 @@ def read_record(path):
     """A run's summary.json or config.json, the fields that tables group runs by (seed_group) checked: a
     DataError naming the file and the field otherwise."""
     record = read_json(path, keys=("router",))
-    for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict).items():
+    for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
         if record.get(key) is not None and not isinstance(record[key], kind):
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
@@ -627,15 +627,19 @@ def load_checkpoint(out_dir, device, data_dir=None):
     return saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir).to(device).eval()
 
 
-def load_data(cfg, with_train=True, new_block=False):
+def load_data(cfg, with_train=True, new_model=False):
     """The data set a run's config names (a training config, or a saved one), its training split too
-    unless with_train is False; its samples must fit the model's block, which a new run (`new_block`) sets."""
+    unless with_train is False. It must fit the model: its samples the block, its tokens the vocabulary. A new
+    run's flags set them (training_data says which to give); a saved model's are fixed, and the data is at fault."""
     data = DATASETS[cfg.data](cfg, with_train)
     if data.longest and data.longest > cfg.block_size + 1:
-        if new_block:
+        if new_model:
             raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
         raise DataError(f"{cfg.data_dir} holds a sample of {data.longest} tokens, longer than the model's "
                         f"block_size={cfg.block_size}")
+    if data.vocab_size > cfg.vocab_size and not new_model:
+        raise DataError(f"{cfg.data_dir} holds token ids up to {data.vocab_size - 1}, past the model's "
+                        f"vocab_size={cfg.vocab_size}")
     return data
 
 
@@ -654,7 +658,7 @@ def training_data(cfg, run, generates=None, home=None):
         elif missing and run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the
             raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # command that would make it
                             f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
-    data = load_data(cfg, new_block=run.resume is None)
+    data = load_data(cfg, new_model=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
         # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
@@ -684,19 +688,30 @@ def seed_group(run):
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
 
 
+# what the runs of one setting may differ in: their seed, and where and how each one ran
+NOT_THE_SETTING = {"seed", "out_dir", "data_dir", "device", "compile", "stop_at", "log_interval"}
+
+
 def by_setting(records, items=None):
     """{seed_group: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages
-    as the seeds of one setting; `items`, one per record, are what it groups (by default the records). A seed
-    twice in one setting is an error: a run counted twice would make its mean look surer than it is."""
-    groups, seen = {}, set()
+    as the seeds of one setting; `items`, one per record, are what it groups (by default the records). Runs of one
+    group that differ in more than NOT_THE_SETTING (lr, depth, pruning: what a row does not show), or in nothing
+    (a copy, one seed twice), are an error: their mean would not be what the row says, or look surer than it is."""
+    groups, seen, settings = {}, set(), {}
     for record, item in zip(records, records if items is None else items):
-        key = seed_group(record)
+        key, (regime, router) = seed_group(record), seed_group(record)[:2]
+        which = f"router {router}{', ' + regime if regime else ''}"
         if "seed" in record and (key, record["seed"]) in seen:
-            regime, router = key[:2]
-            raise UsageError(f"two of these runs are seed {record['seed']} of router {router}"
-                             f"{', ' + regime if regime else ''}: a mean over seeds takes each seed once (a copy of "
-                             "a run, or runs that differ in what a table does not tell apart: lr, pruning, ...)")
+            raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
+                             "seed once")
         seen.add((key, record.get("seed")))
+        config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
+        setting = {k: v for k, v in config.items() if k not in NOT_THE_SETTING}
+        first = settings.setdefault(key, setting)
+        differ = sorted(k for k in setting.keys() & first.keys() if setting[k] != first[k])
+        if differ:
+            raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed: a mean "
+                             "over seeds is of one setting (give them apart)")
         groups.setdefault(key, []).append(item)
     return groups
 

@@ -68,6 +68,8 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
     shutil.copytree(arith_run, again)
     both = analyze.main(["entropy", "--out-dir", str(arith_run), str(again), "--num-seqs", "2"])
     assert set(both) == {f"lime ({name}) {kind}" for name in (arith_run.name, "again") for kind in ("values", "hidden")}
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("layer"))
+    assert re.split(" {2,}", header) == ["layer", *both]  # long names too, each in its column
     assert both[f"lime ({arith_run.name}) values"] == both["lime (again) values"]  # the same weights
 
 
@@ -137,8 +139,7 @@ def test_table_averages_over_seeds(tmp_path, capsys):
     shutil.copytree(dirs[0], tmp_path / "copy")  # a copy of a run is not one more seed (curves: the same)
     assert error_of(analyze.main, ["table", *dirs[:3], str(tmp_path / "copy")], capsys) == (
         "analyze.py: error: two of these runs are seed 0 of router lime, mod11-answer, tiers 4,5,6 operators: "
-        "a mean over seeds takes each seed once (a copy of a run, or runs that differ in what a table does not tell "
-        "apart: lr, pruning, ...)")
+        "a mean over seeds takes each seed once")
     lang = []
     for preset, router, ppl in (("150m", "lime", 15.9), ("deep", "lime", 14.0), ("150m", "none", 16.4)):
         lang.append(tmp_path / f"{preset}-{router}")
@@ -147,6 +148,27 @@ def test_table_averages_over_seeds(tmp_path, capsys):
     table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
     assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
     assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
+
+
+def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, capsys):
+    """A row (or a curve) is a mean over the seeds of one setting: runs whose configs differ in lr or depth, which the
+    row does not show, are refused, not averaged; where and how each ran (out_dir, device, ...) may differ."""
+    dirs = []
+    for seed, (lr, n_layer) in enumerate([(1e-3, 4), (1e-3, 4), (1e-5, 4), (1e-3, 6)]):
+        config = dict(router="lime", preset="tiny", seed=seed, max_steps=10, lr=lr, n_layer=n_layer,
+                      out_dir=f"out/run{seed}", device=["cpu", "cuda"][seed % 2])
+        d = tmp_path / f"run{seed}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config))
+        (d / "log.jsonl").write_text(json.dumps(dict(step=10, val_loss=1.0 + seed)) + "\n")
+        summary = dict(router="lime", preset="tiny", seed=seed, steps=10, val_ppl=2.0 + seed, config=config)
+        (d / "summary.json").write_text(json.dumps(summary))
+        dirs.append(str(d))
+    assert "| lime | 2 | 2.500 ± 0.707 |" in analyze.main(["table", *dirs[:2]])
+    for command, others in (("table", dirs[:3]), ("curves", [*dirs[:2], dirs[3]])):
+        assert error_of(analyze.main, [command, *others], capsys).endswith(
+            f"these runs of router lime differ in {'lr' if others[-1] == dirs[2] else 'n_layer'}, not only in their "
+            "seed: a mean over seeds is of one setting (give them apart)")
 
 
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
@@ -189,7 +211,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     shutil.copytree(dirs[1], tmp_path / "copy")  # a copy of a run is not one more seed
     assert error_of(analyze.main, ["curves", *dirs, str(tmp_path / "copy")], capsys).endswith(
         "two of these runs are seed 1 of router lime, mod11-answer, tiers 4,5,6 operators: a mean over seeds takes "
-        "each seed once (a copy of a run, or runs that differ in what a table does not tell apart: lr, pruning, ...)")
+        "each seed once")
     picture = tmp_path / "curves.png"  # where curves saves its picture by default: a glob over the runs finds it
     picture.write_bytes(b"\x89PNG")
     acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])

@@ -239,6 +239,14 @@ def test_numbers_past_a_million_are_refused_before_anything_is_written(tmp_path,
     assert arithmetic.Task(max_value=10**6).top == 10**6 and arithmetic.Task(field="mod", modulus=999983).top == 999982
 
 
+def test_a_token_past_the_task_vocabulary_is_read_and_scored_wrong():
+    """A model fine-tuned from a language run has more tokens than the task: what it makes of them is wrong, not a
+    traceback in the middle of its evaluation."""
+    vocab = arithmetic.Vocab(arithmetic.Task().vocab())
+    text = vocab.decode([vocab.stoi["2"], vocab.stoi["="], len(vocab.itos) + 300])
+    assert text == "2 = <?>" and arithmetic.final_answer(text) is None
+
+
 def test_primes_are_told_by_divisors_up_to_the_square_root():
     def prime(p):
         try:

@@ -114,6 +114,8 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
         assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}/x: {path} is a file, not a folder")):
         cli.atomic_write(path / "x", lambda f: f.write(b"new"))
+    with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path}: {tmp_path} is not a file")):
+        cli.atomic_write(tmp_path, lambda f: f.write(b"new"))  # a folder, or a device, by that name
 
 
 def test_a_write_is_on_disk_before_it_takes_the_name(tmp_path, monkeypatch):
@@ -498,6 +500,8 @@ DAMAGED = [
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is a folder"),
+    ("bench", lambda d, r, t: ["--device", "cpu", "--json", "/dev/null", "--overwrite"], 2,
+     "--json=/dev/null: not a file (a device?)"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,
      "notes.md is not valid JSON"),
     ("bench", then(lambda d, r, t: write(t / "s.json", "[]"),

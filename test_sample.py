@@ -13,6 +13,7 @@ import prepare_data
 import runs
 import sample
 from conftest import error_of
+from data import write_shard
 
 def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
     first = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
@@ -45,6 +46,14 @@ def test_sample_eval_matches_train(arith_run, language_run, capsys):
     summary = json.loads((language_run / "summary.json").read_text())
     metrics = sample.main(["--out-dir", str(language_run), "--eval"])
     assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
+
+
+def test_data_past_a_saved_models_vocabulary_is_one_line(language_run, tmp_path, capsys):
+    """--data-dir anew, with token ids the model's embedding cannot look up: the data is at fault (exit 1)."""
+    write_shard(tmp_path / "x_val_000000.bin", [5, 400] * 300)
+    argv = ["--out-dir", str(language_run), "--eval", f"--data-dir={tmp_path}"]
+    assert error_of(sample.main, argv, capsys, code=1) == \
+        f"sample.py: error: {tmp_path} holds token ids up to 400, past the model's vocab_size=320"
 
 
 def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):

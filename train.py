@@ -304,7 +304,7 @@ def train(cfg, run):
                         parameters=counts, steps=step, tokens_seen=step * tokens_per_step, **metrics,
                         router_pruned=pruned,
                         tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
-                        peak_memory_bytes=peak_mem, device=device, world_size=world))
+                        peak_memory_bytes=peak_mem, device=device, world_size=world, config=asdict(cfg)))
         say(f"done: {run.out_dir / 'summary.json'}: {show_metrics(metrics)}")
     if ddp:
         dist.barrier()  # let rank 0 finish writing before the group goes away
