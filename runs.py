@@ -688,8 +688,10 @@ def seed_group(run):
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
 
 
-# what the runs of one setting may differ in: their seed, and where and how each one ran
-NOT_THE_SETTING = {"seed", "out_dir", "data_dir", "device", "compile", "stop_at", "log_interval"}
+# what the runs of one setting may differ in: their seed, and where and how each one ran (the same batch in
+# other micro-batches, evaluated more or less often)
+NOT_THE_SETTING = {"seed", "out_dir", "data_dir", "device", "compile", "stop_at", "log_interval", "micro_batch_size",
+                   "eval_interval"}
 
 
 def by_setting(records, items=None):
