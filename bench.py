@@ -412,8 +412,7 @@ def parse_args(argv):
     if args.json:  # checked before the benchmark runs, not after
         folder = Path(args.json).resolve().parent
         problem = f"no directory {folder}" if not folder.exists() else folder_problem(folder) or \
-            (Path(args.json).is_dir() and f"{args.json} is a folder") or \
-            (Path(args.json).exists() and not Path(args.json).is_file() and "not a file (a device?)")
+            (Path(args.json).exists() and not Path(args.json).is_file() and f"{args.json} is not a file")
         if problem:
             raise UsageError(f"--json={args.json}: {problem}")
         if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):

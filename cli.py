@@ -13,6 +13,7 @@ Each ends with one line on stderr, and what was there before stays as it was.
 """
 
 import argparse
+import errno
 import glob
 import json
 import os
@@ -99,11 +100,11 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         fail(script, f"error: {e}", 2)
     except DataError as e:
         fail(script, f"error: {e}{data_hint(e)}", 1)
-    except (torch.OutOfMemoryError, RuntimeError) as e:  # CUDA's, and a CPU allocator's (a RuntimeError)
+    except RuntimeError as e:  # out of memory: CUDA's (torch.OutOfMemoryError, a RuntimeError) or a CPU allocator's
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
             raise  # any other RuntimeError is a fault to see
-        fail(script, f"error: out of memory ({str(e).strip().splitlines()[0][:160]}): a smaller --micro-batch-size, "
-                     "--block-size or model needs less", 1)
+        fail(script, f"error: out of memory ({' '.join(str(e).split())}): a smaller --micro-batch-size, --block-size "
+                     "or model needs less", 1)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
@@ -216,7 +217,11 @@ def atomic_write(path, write):
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())  # on disk before it takes the name: after a power cut, the old file or the new one
+            try:
+                os.fsync(f.fileno())  # on disk before it takes the name: after a power cut, the old file or the new one
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # (a file system that cannot: as it is, then)
+                    raise
         os.replace(tmp, path)
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None

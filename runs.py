@@ -664,8 +664,8 @@ def training_data(cfg, run, generates=None, home=None):
         # a task's vocabulary is known; token shards show theirs only in part, and hold GPT-2's 50257 tokens here
         task = isinstance(data, TaskRows)
         fits = max(-(-data.vocab_size // 64) * 64, 0 if task else GPTConfig.vocab_size)  # padded to a multiple of 64
-        fix = f"give --vocab-size={fits}" if not (cfg.init_from or run.resume) else \
-            f"the model's is fixed: train a new run with --vocab-size={fits}"
+        fix = f"give --vocab-size={fits}" if not cfg.init_from else \
+            f"the model's is fixed: train a new run with --vocab-size={fits}"  # (a resumed one's: load_data says)
         raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
                          f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
     return data
@@ -688,10 +688,11 @@ def seed_group(run):
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
 
 
-# what the runs of one setting may differ in: their seed, and where and how each one ran (the same batch in
-# other micro-batches, evaluated more or less often)
-NOT_THE_SETTING = {"seed", "out_dir", "data_dir", "device", "compile", "stop_at", "log_interval", "micro_batch_size",
-                   "eval_interval"}
+# what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
+# each pretrained seed), and where and how each one ran (the same batch in other micro-batches, evaluated more
+# or less often)
+NOT_THE_SETTING = {"seed", "init_from", "out_dir", "data_dir", "device", "dtype", "compile", "stop_at", "log_interval",
+                   "micro_batch_size", "eval_interval"}
 
 
 def by_setting(records, items=None):
@@ -699,21 +700,23 @@ def by_setting(records, items=None):
     as the seeds of one setting; `items`, one per record, are what it groups (by default the records). Runs of one
     group that differ in more than NOT_THE_SETTING (lr, depth, pruning: what a row does not show), or in nothing
     (a copy, one seed twice), are an error: their mean would not be what the row says, or look surer than it is."""
-    groups, seen, settings = {}, set(), {}
+    groups, configs, seen = {}, {}, set()
     for record, item in zip(records, records if items is None else items):
-        key, (regime, router) = seed_group(record), seed_group(record)[:2]
-        which = f"router {router}{', ' + regime if regime else ''}"
+        key = seed_group(record)
+        which = f"router {key[1]}{', ' + key[0] if key[0] else ''}"
+        config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
+        for other in configs.setdefault(key, []):  # (an older summary has none: {}, which differs in nothing)
+            differ = sorted(k for k in config.keys() & other.keys() - NOT_THE_SETTING if config[k] != other[k])
+            if differ:
+                k = differ[0]
+                raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
+                                 f"{other[k]!r} in {other.get('out_dir')}, {config[k]!r} in {config.get('out_dir')}): a mean "
+                                 "over seeds is of one setting")
         if "seed" in record and (key, record["seed"]) in seen:
             raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
                              "seed once")
         seen.add((key, record.get("seed")))
-        config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
-        setting = {k: v for k, v in config.items() if k not in NOT_THE_SETTING}
-        first = settings.setdefault(key, setting)
-        differ = sorted(k for k in setting.keys() & first.keys() if setting[k] != first[k])
-        if differ:
-            raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed: a mean "
-                             "over seeds is of one setting (give them apart)")
+        configs[key].append(config)
         groups.setdefault(key, []).append(item)
     return groups
 

@@ -155,8 +155,8 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
     row does not show, are refused, not averaged; where and how each ran (out_dir, device, ...) may differ."""
     dirs = []
     for seed, (lr, n_layer) in enumerate([(1e-3, 4), (1e-3, 4), (1e-5, 4), (1e-3, 6)]):
-        config = dict(router="lime", preset="tiny", seed=seed, max_steps=10, lr=lr, n_layer=n_layer,
-                      out_dir=f"out/run{seed}", device=["cpu", "cuda"][seed % 2])
+        how = {k: f"{k} of run {seed}" for k in runs.NOT_THE_SETTING - {"seed"}}  # each of them may differ
+        config = dict(router="lime", preset="tiny", seed=seed, max_steps=10, lr=lr, n_layer=n_layer, **how)
         d = tmp_path / f"run{seed}"
         d.mkdir()
         (d / "config.json").write_text(json.dumps(config))
@@ -165,10 +165,17 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
         (d / "summary.json").write_text(json.dumps(summary))
         dirs.append(str(d))
     assert "| lime | 2 | 2.500 ± 0.707 |" in analyze.main(["table", *dirs[:2]])
-    for command, others in (("table", dirs[:3]), ("curves", [*dirs[:2], dirs[3]])):
+    for command, others, says in (("table", dirs[:3], "lr 0.001 in out_dir of run 0, 1e-05 in out_dir of run 2"),
+                                  ("curves", [*dirs[:2], dirs[3]], "n_layer 4 in out_dir of run 0, 6 in out_dir of run 3")):
         assert error_of(analyze.main, [command, *others], capsys).endswith(
-            f"these runs of router lime differ in {'lr' if others[-1] == dirs[2] else 'n_layer'}, not only in their "
-            "seed: a mean over seeds is of one setting (give them apart)")
+            f"these runs of router lime differ in {says.split()[0]}, not only in their seed ({says}): a mean over "
+            "seeds is of one setting")
+    (tmp_path / "old").mkdir()  # a summary from before summaries kept their config: it differs in nothing known
+    (tmp_path / "old" / "summary.json").write_text(json.dumps(dict(router="lime", preset="tiny", seed=9, steps=10,
+                                                                   val_ppl=2.0)))
+    assert error_of(analyze.main, ["table", str(tmp_path / "old"), dirs[2], *dirs[:2]], capsys).endswith(
+        "differ in lr, not only in their seed (lr 1e-05 in out_dir of run 2, 0.001 in out_dir of run 0): a mean over "
+        "seeds is of one setting")  # whichever comes first
 
 
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):

@@ -128,6 +128,19 @@ def test_a_write_is_on_disk_before_it_takes_the_name(tmp_path, monkeypatch):
     cli.atomic_write(tmp_path / "ckpt.pt", lambda f: f.write(b"weights"))
     assert done == [("fsync", 7), ("replace",)] and (tmp_path / "ckpt.pt").read_bytes() == b"weights"
 
+    def fsync(error):
+        def fail(fd):
+            raise OSError(error, os.strerror(error))
+        return fail
+
+    monkeypatch.setattr(cli.os, "fsync", fsync(errno.EINVAL))  # a file system that cannot sync: written as it is
+    cli.atomic_write(tmp_path / "ckpt.pt", lambda f: f.write(b"new"))
+    assert (tmp_path / "ckpt.pt").read_bytes() == b"new"
+    monkeypatch.setattr(cli.os, "fsync", fsync(errno.EIO))  # a disk that fails: the old file stays
+    with pytest.raises(cli.DataError, match="Input/output error"):
+        cli.atomic_write(tmp_path / "ckpt.pt", lambda f: f.write(b"newer"))
+    assert (tmp_path / "ckpt.pt").read_bytes() == b"new"
+
 
 def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     """As Ctrl-C: a temporary file goes (a write cut short), then one line and exit 143, not a silent kill."""
@@ -139,8 +152,11 @@ def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("error, says", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB\n"
-                            "(more)"), "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB of "
+                            "which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in "
+                            "use. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+                            "expandable_segments:True to avoid fragmentation."), "try setting PYTORCH_CUDA_ALLOC_CONF="
+                                                                                 "expandable_segments:True to avoid"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
                   "to allocate 8000000000000 bytes."), "DefaultCPUAllocator: can't allocate memory")])
 def test_out_of_memory_is_one_line(capsys, error, says):
@@ -499,9 +515,9 @@ DAMAGED = [
      "holds arithmetic data that cannot be read ("),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
-    ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is a folder"),
+    ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is not a file"),  # a folder
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", "/dev/null", "--overwrite"], 2,
-     "--json=/dev/null: not a file (a device?)"),  # (a rename over it would replace the device, as root)
+     "--json=/dev/null: /dev/null is not a file"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,
      "notes.md is not valid JSON"),
     ("bench", then(lambda d, r, t: write(t / "s.json", "[]"),

@@ -42,6 +42,7 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path, capsys):
     assert "val_acc_6" in evals[0] and "acc_6" not in evals[0] and "acc_6" in evals[-1]  # the test split at the end
     config = json.loads((out / "config.json").read_text())
     assert config["router"] == "lime" and config["n_embd"] == 32 and config["lr"] == 1e-2
+    assert summary["config"] == config  # what tables hold seeds of one setting to
     assert f"eval step 40: val_loss {summary['val_loss']:.4f}, val_ppl" in printed  # accuracies in percent:
     assert f", acc_6 {100 * summary['acc_6']:.1f}% (" in printed and f"acc_6 {100 * summary['acc_6']:.1f}%\n" in printed
 
