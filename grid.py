@@ -34,7 +34,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import Signals, of_kind, read_summary, results_table, run_files
+from runs import NOT_THE_SETTING, Signals, of_kind, read_summary, results_table, run_files
 
 
 def regimes(args):
@@ -128,9 +128,10 @@ def main(argv=None):
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
                 for seed in seeds]
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
+        configs = {}
         for router in routers:
             out = Path(args.out_dir) / name / f"{router}-seed{seed}"
-            config = check_flags(train_command(router, seed, data_dir, out, args, extra))
+            config = configs[router] = check_flags(train_command(router, seed, data_dir, out, args, extra))
             ours = dict(preset="arith", router=router, seed=seed, data_dir=str(data_dir.resolve()), out_dir=str(out),
                         epochs=args.epochs)  # what the grid sets per run: a flag after '--' may not change it
             taken = [f"--{k.replace('_', '-')}" for k, v in ours.items() if config.get(k) != v]
@@ -149,6 +150,13 @@ def main(argv=None):
                 if epochs != args.epochs:
                     raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
                                      "finished run is kept, so give another --out-dir for another budget")
+                kept = read_json(out / "config.json")  # and of these flags (what the grid fits to the data aside)
+                other = [k for k, v in configs[router].items() if k in kept and kept[k] != v and k not in
+                         NOT_THE_SETTING | {"max_steps", "warmup_steps", "block_size", "vocab_size", "task"}]
+                if other:
+                    raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
+                                     f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, so "
+                                     "give another --out-dir for other flags")
         fits = {}
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args)
