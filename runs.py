@@ -689,10 +689,10 @@ def seed_group(run):
 
 
 # what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
-# each pretrained seed), and where and how each one ran (the same batch in other micro-batches, evaluated more
-# or less often)
-NOT_THE_SETTING = {"seed", "init_from", "out_dir", "data_dir", "device", "dtype", "compile", "stop_at", "log_interval",
-                   "micro_batch_size", "eval_interval"}
+# each pretrained seed), how their length was given (in epochs or in steps: max_steps and warmup_steps hold it
+# either way), and where and how each one ran (the same batch in other micro-batches, evaluated more or less often)
+NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "data_dir", "device", "dtype", "compile",
+                   "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
 
 
 def by_setting(records, items=None):
