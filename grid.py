@@ -34,7 +34,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import NOT_THE_SETTING, Signals, of_kind, read_summary, results_table, run_files
+from runs import Signals, differences, of_kind, read_summary, results_table, run_files
 
 
 def regimes(args):
@@ -144,15 +144,16 @@ def main(argv=None):
                 if (summary["router"], summary.get("seed")) != (router, seed):
                     raise DataError(f"{out / 'summary.json'} is of router {summary['router']}, seed "
                                     f"{summary.get('seed')}, not of the run its folder is for: move it away")
-                epochs = read_json(out / "config.json", keys=("epochs",))["epochs"]
+                kept = read_json(out / "config.json", keys=("epochs",))
+                epochs = kept["epochs"]
                 if not of_kind(epochs, float):
                     raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
                 if epochs != args.epochs:
                     raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
                                      "finished run is kept, so give another --out-dir for another budget")
-                kept = read_json(out / "config.json")  # and of these flags (what the grid fits to the data aside)
-                other = [k for k, v in configs[router].items() if k in kept and kept[k] != v and k not in
-                         NOT_THE_SETTING | {"max_steps", "warmup_steps", "block_size", "vocab_size", "task"}]
+                # and of these flags (what the grid fits to each regime's data aside)
+                other = differences(kept, configs[router], {"max_steps", "warmup_steps", "block_size", "vocab_size",
+                                                            "task"})
                 if other:
                     raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
                                      f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, so "

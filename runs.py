@@ -695,6 +695,11 @@ NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "d
                    "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
 
 
+def differences(a, b, aside=frozenset()):
+    """The fields that two runs' configs both hold and differ in, beyond NOT_THE_SETTING and `aside`, sorted."""
+    return sorted(k for k in a.keys() & b.keys() - NOT_THE_SETTING - aside if a[k] != b[k])
+
+
 def by_setting(records, items=None):
     """{seed_group: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages
     as the seeds of one setting; `items`, one per record, are what it groups (by default the records). Runs of one
@@ -706,12 +711,12 @@ def by_setting(records, items=None):
         which = f"router {key[1]}{', ' + key[0] if key[0] else ''}"
         config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
         for other in configs.setdefault(key, []):  # (an older summary has none: {}, which differs in nothing)
-            differ = sorted(k for k in config.keys() & other.keys() - NOT_THE_SETTING if config[k] != other[k])
+            differ = differences(config, other)
             if differ:
                 k = differ[0]
                 raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
-                                 f"{other[k]!r} in {other.get('out_dir')}, {config[k]!r} in {config.get('out_dir')}): a mean "
-                                 "over seeds is of one setting")
+                                 f"{other[k]!r} in {other.get('out_dir')}, {config[k]!r} in {config.get('out_dir')}): "
+                                 "a mean over seeds is of one setting")
         if "seed" in record and (key, record["seed"]) in seen:
             raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
                              "seed once")
