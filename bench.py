@@ -42,6 +42,7 @@ import torch
 from torch.autograd import DeviceType
 
 import kernels
+from generation import generate
 from lime import GPT, GPTConfig
 from methods import registry
 
@@ -200,7 +201,7 @@ def measure(routers, shape, args, device):
             r.model.eval()
             t = time.perf_counter()
             with autocast:
-                r.model.generate(idx[:, : T // 2], args.gen_tokens, temperature=0)
+                generate(r.model, idx[:, : T // 2], args.gen_tokens, temperature=0)
             synchronize(device)
             r.gen_times.append(time.perf_counter() - t)
             r.model.train()

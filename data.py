@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from cli import DataError, atomic_write
+from generation import generate
 
 MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
 
@@ -215,7 +216,7 @@ def greedy_accuracy(model, items, judge, stop, device, batch_size=256, rank=0, w
         ends = [min(n + most, model.config.block_size) for n, (_, _, most) in zip(lengths, chunk)]
         T = max(lengths)
         idx = torch.tensor([prompt + [stop] * (T - len(prompt)) for prompt, _, _ in chunk], device=device)  # (B, T)
-        out = model.generate(idx, max(*ends, T) - T, temperature=0, stop=stop, lengths=lengths)
+        out = generate(model, idx, max(*ends, T) - T, temperature=0, stop=stop, lengths=lengths)
         for row, n, end, (_, reference, _) in zip(out.tolist(), lengths, ends, chunk):
             row = row[n:end]
             correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))

@@ -13,7 +13,7 @@ of the parameters. It starts as the identity on the layer's own heads, so a fres
 LIMe model begins close to LLaMA; its other entries are Kaiming-uniform. Keys and values
 share one router. Queries are untouched. Routing mixes vectors at one position only,
 and RoPE rotates every head at a position alike, so we route before RoPE and the KV
-cache holds the routed, rotated K/V: exactly the size of a normal cache.
+cache holds the routed, rotated K/V: exactly the size of a normal cache (generation.py).
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
@@ -25,7 +25,8 @@ What differs from nanoGPT, in reading order:
     layer, inside torch.compile's single graph, that saves each layer's K/V once (memory O(L);
     the paper's code, autograd through a stack per layer: O(L^2)).
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis.
+  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. Generation is not
+    a method of GPT, as in nanoGPT: generation.py's `generate(model, ...)`, with its KV cache.
 """
 
 import math
@@ -302,24 +303,6 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
-class KVCache:
-    """Routed, rotated K/V of every layer for generation: the size of a vanilla cache."""
-
-    def __init__(self, config):
-        self.n_layer, self.block_size = config.n_layer, config.block_size
-        self.k = self.v = None  # allocated at the first update, in the K/V's own dtype
-        self.pos = 0  # number of positions already filled
-
-    def update(self, layer, k, v):
-        B, n_kv, T, head_dim = k.shape
-        if self.k is None:
-            shape = (self.n_layer, B, n_kv, self.block_size, head_dim)
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
-        self.k[layer, :, :, self.pos:self.pos + T] = k
-        self.v[layer, :, :, self.pos:self.pos + T] = v
-        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
-
-
 class Attention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
@@ -461,7 +444,8 @@ class GPT(nn.Module):
                 raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights()")
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored.
+        With a generation.KVCache, idx continues what the cache holds (positions cache.pos onwards)."""
         B, T = idx.shape
         pos = cache.pos if cache is not None else 0
         if pos + T > self.config.block_size:
@@ -478,46 +462,6 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None, lengths=None):
-        """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
-        With `stop` (a token id), ends early once every row has produced it. With `lengths` (B,),
-        the rows are prompts of different lengths, padded on the right: row i's prompt is
-        idx[i, :lengths[i]], and its continuation starts there. No padding enters the cache: all rows
-        run from position 0, and a row takes its prompt's next token, not the model's, until its
-        prompt ends. So each row computes what it would alone."""
-        if not temperature >= 0:
-            raise ValueError(f"temperature={temperature}: 0 (greedy) or more")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k}: keep at least one token (top_k >= 1), or None for no cut")
-        B, T = idx.shape
-        if T + max_new_tokens > self.config.block_size:
-            raise ValueError(f"prompt of {T} + {max_new_tokens} new tokens exceeds block_size={self.config.block_size}")
-        lengths = torch.full((B,), T) if lengths is None else torch.as_tensor(lengths)
-        lengths, start = lengths.to(idx.device), int(lengths.min())
-        out = torch.cat([idx, idx.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
-        cache, step, end = KVCache(self.config), idx[:, :start], start
-        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        for t in range(start, T + max_new_tokens):
-            logits = self(step, cache=cache)[0][:, -1].float()  # (B, vocab)
-            if temperature == 0:
-                new = logits.argmax(dim=-1)
-            else:
-                # the largest logit at 0 and a temperature float32 can hold: a tiny one gives greedy, not NaN
-                logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, torch.finfo().tiny)
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, -float("inf"))
-                new = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
-            generating = t >= lengths  # (B,): the rows past their prompt
-            out[:, t] = torch.where(generating, new, out[:, t])
-            step, end = out[:, t:t + 1], t + 1  # (B, 1)
-            if stop is not None:
-                done |= generating & (new == stop)
-                if done.all():
-                    break
-        return out[:, :end]
 
     # ---- analysis and accounting ---------------------------------------------------------
 

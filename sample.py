@@ -29,6 +29,7 @@ import arithmetic
 import prosqa
 import runs
 from data import decode_tokens, evaluate, gpt2_encoding
+from generation import generate
 
 
 class Codec:
@@ -95,7 +96,7 @@ def prompts(args, codec, n):
     return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
 
 
-def generate(model, codec, args, device, autocast):
+def samples(model, codec, args, device, autocast):
     block_size = model.config.block_size
     for text in prompts(args, codec, args.num_samples):
         ids = codec.encode(text)
@@ -109,7 +110,7 @@ def generate(model, codec, args, device, autocast):
         idx = torch.tensor([ids], device=device)
         t = time.time()
         with autocast:
-            out = model.generate(idx, max_new, temperature=args.temperature, top_k=args.top_k, stop=codec.stop)
+            out = generate(model, idx, max_new, temperature=args.temperature, top_k=args.top_k, stop=codec.stop)
         synchronize(device)
         new = out[0, len(ids):].tolist()
         speed = f"{len(new) / (time.time() - t):,.0f} tokens/s"
@@ -183,7 +184,7 @@ def main(argv=None):
         if args.top_k is None and codec.stop is None:
             args.top_k = 200
         torch.manual_seed(args.seed)
-        return list(generate(model, codec, args, device, autocast))
+        return list(samples(model, codec, args, device, autocast))
 
 
 if __name__ == "__main__":

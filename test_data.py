@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import prepare_data
-from conftest import error_of, small_encoding, small_model
 from cli import DataError
+from conftest import error_of, small_encoding, small_model
 from data import MAGIC, TokenData, greedy_accuracy, load_tokens, write_shard
+from generation import generate
+
 
 def shard_bytes(tokens, magic=MAGIC, count=None):
     header = np.zeros(256, dtype="<i4")
@@ -114,7 +116,7 @@ def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
     or after its own most new tokens or at the end of the block."""
     model, rng = small_model("lime", block_size=24).eval(), random.Random(0)
     items = [([rng.randrange(64) for _ in range(rng.randint(2, 14))], i, rng.randint(1, 14)) for i in range(16)]
-    stop = model.generate(torch.tensor([items[0][0]]), 3, temperature=0)[0, -1].item()  # a token it does write
+    stop = generate(model, torch.tensor([items[0][0]]), 3, temperature=0)[0, -1].item()  # a token it does write
     judged = {}
 
     def judge(ids, i):
@@ -124,7 +126,7 @@ def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
     accuracy = greedy_accuracy(model, items, judge, stop, "cpu", batch_size=6)
     alone = {}
     for prompt, i, most in items:
-        row = model.generate(torch.tensor([prompt]), min(most, 24 - len(prompt)), temperature=0)[0, len(prompt):]
+        row = generate(model, torch.tensor([prompt]), min(most, 24 - len(prompt)), temperature=0)[0, len(prompt):]
         row = row.tolist()
         alone[i] = row[: row.index(stop)] if stop in row else row
     assert judged == alone and any(len(ids) < most for (_, i, most), ids in zip(items, alone.values()))

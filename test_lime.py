@@ -19,6 +19,7 @@ import sample
 import train
 from bench import saved_bytes
 from conftest import small_config, small_model, tiny_args, tokens
+from generation import KVCache, generate
 from lime import GPT, GPTConfig
 
 MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]  # this repo's routers, their masks known here
@@ -67,13 +68,13 @@ def test_causal(mode):
 def test_kv_cache_generation_equals_recomputation(mode):
     model = small_model(mode).eval()
     prompt = tokens(T=5)
-    out = model.generate(prompt, 12, temperature=0)
+    out = generate(model, prompt, 12, temperature=0)
     ref = prompt
     for _ in range(12):  # no cache: the whole sequence again at every step
         ref = torch.cat([ref, model(ref)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, ref)
     # the cached logits themselves match, not only their argmax
-    cache = lime.KVCache(model.config)
+    cache = KVCache(model.config)
     model(ref[:, :5], cache=cache)
     stepped = model(ref[:, 5:6], cache=cache)[0][:, -1]
     torch.testing.assert_close(stepped, model(ref[:, :6])[0][:, -1], rtol=1e-5, atol=1e-5)
@@ -84,31 +85,31 @@ def test_prompts_of_different_lengths_share_a_batch_as_if_each_ran_alone(mode):
     model = small_model(mode).eval()
     prompts = [tokens(B=1, T=n, seed=n)[0] for n in (3, 7, 5)]
     idx = torch.stack([torch.cat([p, p.new_zeros(7 - len(p))]) for p in prompts])  # (3, 7), padded on the right
-    out = model.generate(idx, 10, temperature=0, lengths=[3, 7, 5])
+    out = generate(model, idx, 10, temperature=0, lengths=[3, 7, 5])
     assert out.shape == (3, 17)
     for row, prompt in zip(out, prompts):
-        alone = model.generate(prompt[None], 10, temperature=0)[0]
+        alone = generate(model, prompt[None], 10, temperature=0)[0]
         assert torch.equal(row[:len(alone)], alone)
     stop = out[0, 5].item()  # the first row's third new token: it ends there, the others go on
-    stopped = model.generate(idx, 10, temperature=0, lengths=[3, 7, 5], stop=stop)
+    stopped = generate(model, idx, 10, temperature=0, lengths=[3, 7, 5], stop=stop)
     assert torch.equal(stopped, out[:, :stopped.shape[1]]) and stopped.shape[1] > 6
 
 
 def test_generate_sampling_and_length_check():
     model = small_model("lime").eval()
     torch.manual_seed(3)
-    a = model.generate(tokens(T=4), 8, temperature=1.0, top_k=5)
+    a = generate(model, tokens(T=4), 8, temperature=1.0, top_k=5)
     torch.manual_seed(3)
-    b = model.generate(tokens(T=4), 8, temperature=1.0, top_k=5)
+    b = generate(model, tokens(T=4), 8, temperature=1.0, top_k=5)
     assert a.shape == (2, 12) and torch.equal(a, b)
-    greedy = model.generate(tokens(T=4), 8, temperature=0)  # the limit of a temperature near 0, with no NaN on the way
-    assert torch.equal(model.generate(tokens(T=4), 8, temperature=1e-300), greedy)
+    greedy = generate(model, tokens(T=4), 8, temperature=0)  # the limit of a temperature near 0, with no NaN on the way
+    assert torch.equal(generate(model, tokens(T=4), 8, temperature=1e-300), greedy)
     with pytest.raises(ValueError, match="block_size"):
-        model.generate(tokens(T=30), 5)
+        generate(model, tokens(T=30), 5)
     with pytest.raises(ValueError, match="top_k=0"):
-        model.generate(tokens(T=4), 2, top_k=0)
+        generate(model, tokens(T=4), 2, top_k=0)
     with pytest.raises(ValueError, match="temperature=-1"):
-        model.generate(tokens(T=4), 2, temperature=-1)
+        generate(model, tokens(T=4), 2, temperature=-1)
 
 
 @pytest.mark.parametrize("mode", LEARNED)

@@ -107,19 +107,21 @@ def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gp
 
 
 class ScriptedModel:
-    """Stands in for a GPT in greedy_accuracy: continues each prompt with the tokens scripted for it."""
+    """Stands in for a GPT in greedy_accuracy, with `scripted` for its generation: continues each prompt
+    with the tokens scripted for it."""
 
     def __init__(self, script, block_size):
         self.script, self.config, self.asked = script, dataclasses.make_dataclass("C", ["block_size"])(block_size), []
 
-    def generate(self, idx, max_new_tokens, temperature, stop, lengths):
-        self.asked.append((idx.shape, max_new_tokens, temperature, stop, lengths))
-        T = idx.shape[1] + max_new_tokens
-        return torch.tensor([(row[:n] + self.script[tuple(row[:n])] + [stop] * T)[:T]
-                             for row, n in zip(idx.tolist(), lengths)])
+
+def scripted(model, idx, max_new_tokens, temperature, stop, lengths):
+    model.asked.append((idx.shape, max_new_tokens, temperature, stop, lengths))
+    T = idx.shape[1] + max_new_tokens
+    return torch.tensor([(row[:n] + model.script[tuple(row[:n])] + [stop] * T)[:T]
+                         for row, n in zip(idx.tolist(), lengths)])
 
 
-def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2):
+def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2, monkeypatch):
     right, answer = "Al is a wu.\nEvery wu is a yu.\n### Al  is a\nyu. ", "Al is a yu."
     assert prosqa.correct(right, answer)  # whitespace runs and ends do not count
     assert not prosqa.correct("Al is a wu.\n### Al is a yu", answer)  # punctuation does
@@ -132,9 +134,10 @@ def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2):
     items = [([eot, 1, 2], answer, 100), ([eot, 1, 2], "Bo is a zo.", 100), (long_prompt, "Cy is a ri.", 100),
              (long_prompt, "Cy is a ri. and more, never ended", 100)]
     model = ScriptedModel(script, block_size=64)
-    data = SimpleNamespace(tests=items, pad=eot)
+    monkeypatch.setattr("data.generate", scripted)  # greedy_accuracy's
+    tests = SimpleNamespace(tests=items, pad=eot)
     # right: the first (what follows <eot> does not count) and the third (the block ends after "### Cy is a ri.")
-    assert prosqa.Data.metrics(data, model, "cpu") == dict(acc=2 / 4)
+    assert prosqa.Data.metrics(tests, model, "cpu") == dict(acc=2 / 4)
     assert model.asked == [((4, 49), 15, 0, eot, [3, 3, 49, 49])]  # one batch, each prompt to the end of the block
     assert decode_tokens(enc, [72, 105, 999]) == "Hi\ufffd"  # an id past the vocabulary: no crash, no match
 

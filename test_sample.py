@@ -12,6 +12,7 @@ import arithmetic
 import prepare_data
 import runs
 import sample
+from generation import generate
 from conftest import error_of
 from data import write_shard
 
@@ -23,7 +24,7 @@ def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
     vocab = arithmetic.load(json.loads((arith_run / "config.json").read_text())["data_dir"])[0]
     for ids in first:
         n_prompt = ids.index(vocab.stoi["="]) + 1
-        ref = model.generate(torch.tensor([ids[:n_prompt]]), 64 - n_prompt, temperature=0, stop=vocab.eos)
+        ref = generate(model, torch.tensor([ids[:n_prompt]]), 64 - n_prompt, temperature=0, stop=vocab.eos)
         assert ref[0].tolist() == ids
     lines = [l for l in capsys.readouterr().out.splitlines() if "tokens/s" in l]
     assert len(lines) == 8 and all(("[right]" in l) or ("[wrong, the answer is" in l) for l in lines)
