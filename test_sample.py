@@ -16,7 +16,7 @@ from generation import generate
 from conftest import error_of
 from data import write_shard
 
-def test_sample_arithmetic_greedy_equals_model_generate(arith_run, capsys):
+def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
     first = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
     again = sample.main(["--out-dir", str(arith_run), "--num-samples", "4", "--seed", "5"])
     assert first == again and len(first) == 4
