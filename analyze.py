@@ -235,7 +235,9 @@ def cmd_probe(args):
                                "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
     feats, labels = [[] for _ in range(cfg.n_layer)], []
-    for x in sequences(cfg, args.num_seqs, args.seq_len):
+    seqs = sequences(cfg, args.num_seqs + 1, args.seq_len)  # fewer where the validation set ends first; one more
+    more, seqs = len(seqs) > args.num_seqs, seqs[:args.num_seqs]  # says whether a larger --num-seqs would find more
+    for x in seqs:
         where = torch.isin(x, ids).nonzero().flatten()
         if len(where):
             values, _ = activations(model, x)
@@ -244,10 +246,11 @@ def cmd_probe(args):
             labels.append((x[where, None] == ids).long().argmax(1))
     y = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
     counts = torch.bincount(y, minlength=4).tolist()
-    print(f"occurrences in {args.num_seqs} validation sequences: " + ", ".join(
+    print(f"occurrences in {len(seqs)} validation sequences: " + ", ".join(
         f"{w!r} {c}" for w, c in zip(PROBE_WORDS, counts)))
     if min(counts) < 5:
-        raise UsageError("too few occurrences of each word for 5-fold cross-validation: raise --num-seqs")
+        raise UsageError("too few occurrences of each word for 5-fold cross-validation: " +
+                         ("raise --num-seqs" if more else f"the run's validation set has only {len(seqs)} sequences"))
     accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
     print(f"5-fold linear probe accuracy on values ({cfg.router}), chance {max(counts) / len(y):.3f}")
     for l, a in enumerate(accs):

@@ -38,6 +38,7 @@ OPS = ("+", "-", "*", "/")
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 SYMBOLS = ("<eos>", "=", "(", ")", *OPS)  # the vocabulary, before a token for every number 0..top
 LARGEST = 10**6  # the largest number a regime may have: every number is a token (and a row of the embedding)
+MOST_TOKENS = 2048  # the longest a sample may be: the largest block a preset trains on (150m, 1b)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,15 @@ class Task:
         least = 1 if self.count == "operators" else 2
         if not self.tiers or min(self.tiers) < least or len(set(self.tiers)) < len(self.tiers):
             raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
+        # the longest sample of n operators is a chain 1 - ( 2 - ( 3 - ... ) ): 4n - 1 tokens, 4 fewer each step;
+        # then '=' and the answer, 4n + 1 in all, or every step, the '='s and <eos>, 2n(n + 1) + 2 (3000: 18M tokens)
+        longest = lambda n: 4 * n + 1 if self.target == "answer" else 2 * n * (n + 1) + 2  # noqa: E731
+        operands = self.count == "operands"  # (a tier of n operands has n - 1 operators)
+        if longest(max(self.tiers) - operands) > MOST_TOKENS:
+            most = max(n for n in range(MOST_TOKENS) if longest(n) <= MOST_TOKENS) + operands
+            raise DataError(f"--tiers must be at most {most} {self.count} with --target {self.target}, got "
+                            f"{max(self.tiers)}: a sample of more can take over {MOST_TOKENS} tokens, the largest "
+                            "block a preset trains on")
 
     @classmethod
     def from_meta(cls, meta):

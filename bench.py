@@ -410,6 +410,8 @@ def parse_args(argv):
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    if args.json == "":  # (which the test below would pass over: a benchmark run for nothing, without a word)
+        raise UsageError("--json is an empty path: give the file to write the figures to, e.g. --json bench.json")
     if args.json:  # checked before the benchmark runs, not after
         folder = Path(args.json).resolve().parent
         problem = f"no directory {folder}" if not folder.exists() else folder_problem(folder) or \

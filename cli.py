@@ -223,6 +223,7 @@ def atomic_write(path, write):
                 if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # (a file system that cannot: as it is, then)
                     raise
         os.replace(tmp, path)
+        sync_folder(path.parent)  # the rename too: else a crash can leave the old name, or none for a new file
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None
     except RuntimeError as e:  # how torch.save says the same
@@ -233,6 +234,22 @@ def atomic_write(path, write):
         pid = stale.name[len(path.name) + 1:-len(".tmp")]
         if pid.isdigit() and not running(int(pid)):
             stale.unlink(missing_ok=True)
+
+
+def sync_folder(folder):
+    """fsync a folder, so that the names in it are on disk; where the OS cannot, nothing (no O_DIRECTORY: Windows; a
+    folder it may not read; a file system that cannot sync one: EINVAL, ENOTSUP, or EBADF on some)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except (AttributeError, PermissionError):
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def running(pid):

@@ -108,6 +108,14 @@ def load(data_dir, split):
         raise DataError(f"{path}: record {i}: a prompt of {prompt_lens[i]} tokens, not 1 .. {n - 1} of its {n}{again}")
     if tokens.min() < 0 or tokens.max() > eot:
         raise DataError(f"{path}: token ids outside 0 .. {eot}, the end of text{again}")
+    # each record is <eot> ... <eot> with none between: else its offsets or its eot are not the ones it was
+    # written with (a record that takes the next one's start; an end that generation never stops at: every answer wrong)
+    ends, starts = (tokens == eot).astype(np.int64), offsets[:-1].astype(np.int64)
+    wrong = np.flatnonzero((ends[starts] == 0) | (ends[starts + lengths - 1] == 0) |
+                           (np.add.reduceat(ends, starts) != 2))
+    if len(wrong):
+        raise DataError(f"{path}: record {wrong[0]} does not start and end with the end of text ({eot}), with none "
+                        f"between{again}")
     tokens = tokens.astype(np.int64)
     rows = [(tokens[a:b], int(n)) for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lens)]
     return rows, int(eot)

@@ -427,10 +427,18 @@ class Run:
         """Ctrl-C or SIGTERM during training: a checkpoint of the last whole step, then exit 128 + the signal."""
         self.signals.stopping = True  # from here on a signal waits for the checkpoint below
         signum = getattr(e, "signum", signal.SIGINT)
-        self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
-        self.save(step)
+        try:
+            self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
+        finally:  # saved even where that line cannot be written: `| tee`, which the same Ctrl-C ended (then exit 141)
+            self.save(step)
         self.say(f"interrupted: checkpoint at step {step} in {self.out_dir}; continue with --resume")
         raise SystemExit(128 + signum)
+
+    def output_closed(self, step):
+        """What reads the output closed it (`| head`): as after a signal, a checkpoint of the last whole step (the
+        BrokenPipeError then goes on to one_line_errors, which exits 141 without a word)."""
+        self.signals.stopping = True  # a signal now waits for the checkpoint
+        self.save(step)
 
     def diverged(self, e):
         """A loss that is not finite: stop, keeping the last checkpoint, which was good."""

@@ -83,7 +83,7 @@ def test_linear_probe_separates_what_is_separable():
     assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
 
 
-def test_probe_command(arith_run, tmp_path, capsys):
+def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
     assert "arithmetic checkpoint; its task vocabulary has no ' is'" in error_of(
         analyze.main, ["probe", "--out-dir", str(arith_run)], capsys)
     folder, out = tmp_path / "data", tmp_path / "run"
@@ -95,8 +95,18 @@ def test_probe_command(arith_run, tmp_path, capsys):
     train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={folder}", f"--out-dir={out}", "--vocab-size=576",
                 "--block-size=64", "--n-layer=2", "--n-embd=32", "--n-head=2", "--n-kv-head=2", "--batch-size=4",
                 "--micro-batch-size=4", "--max-steps=2", "--eval-interval=2", "--eval-tokens=256"])
+    capsys.readouterr()
     accs = analyze.main(["probe", "--out-dir", str(out), "--num-seqs", "8", "--seq-len", "64"])
     assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
+    # --eval-tokens=256 holds 4 windows of 64: what the probe used, not the 8 asked for
+    assert capsys.readouterr().out.startswith("occurrences in 4 validation sequences: ' is' ")
+    monkeypatch.setitem(analyze.PROBE_WORDS, " were", 575)  # a word that never occurs: more windows would not help
+    too_few = "analyze.py: error: too few occurrences of each word for 5-fold cross-validation: "
+    for n in (8, 4):
+        assert error_of(analyze.main, ["probe", "--out-dir", str(out), "--num-seqs", str(n)], capsys) == \
+            too_few + "the run's validation set has only 4 sequences"
+    assert error_of(analyze.main, ["probe", "--out-dir", str(out), "--num-seqs", "3"], capsys) == \
+        too_few + "raise --num-seqs"
 
 
 def test_ablation_table(tmp_path, capsys):

@@ -239,6 +239,27 @@ def test_numbers_past_a_million_are_refused_before_anything_is_written(tmp_path,
     assert arithmetic.Task(max_value=10**6).top == 10**6 and arithmetic.Task(field="mod", modulus=999983).top == 999982
 
 
+@pytest.mark.parametrize("flags, most", [
+    (["--tiers", "4,3000"], "31 operators with --target steps, got 3000"),
+    (["--tiers", "32", "--field", "mod"], "31 operators with --target steps, got 32"),
+    (["--tiers", "33", "--count", "operands"], "32 operands with --target steps, got 33"),
+    (["--tiers", "512", "--target", "answer"], "511 operators with --target answer, got 512")])
+def test_tiers_whose_samples_may_not_fit_the_largest_block_are_refused_before_anything_is_written(tmp_path, capsys,
+                                                                                                 flags, most):
+    """3000 operators used to run on for days: a step-by-step sample that long takes 18M tokens."""
+    err = error_of(prepare_data.main, ["arithmetic", "--data-dir", str(tmp_path / "d"), "--train-size", "1",
+                                       "--test-size", "1", *flags], capsys)
+    assert err == f"prepare_data.py: error: --tiers must be at most {most}: a sample of more can take over 2048 " \
+                  "tokens, the largest block a preset trains on"
+    assert not (tmp_path / "d").exists()
+    # the bound is the longest sample there is, a chain 1 - ( 2 - ( 3 - ... ) ), and the last tier allowed fits it
+    for n, target, tokens in ((31, "steps", 2 * 31 * 32 + 2), (511, "answer", 4 * 511 + 1)):
+        task, chain = arithmetic.Task(field="mod", count="operators", tiers=(n,), target=target), 0
+        for _ in range(n):
+            chain = ("-", 1, chain)
+        assert len(task.solution(chain).split()) + (target == "steps") == tokens <= arithmetic.MOST_TOKENS
+
+
 def test_a_token_past_the_task_vocabulary_is_read_and_scored_wrong():
     """A model fine-tuned from a language run has more tokens than the task: what it makes of them is wrong, not a
     traceback in the middle of its evaluation."""

@@ -57,6 +57,9 @@ def changed(a, i, value):
     return a
 
 
+NOT_FRAMED = "does not start and end with the end of text (256), with none between"
+
+
 @pytest.mark.parametrize("damage, message", [  # damage(the file's good arrays): the arrays it replaces
     (lambda f: dict(tokens=f["tokens"][:0], offsets=f["offsets"][:1], prompt_lens=f["prompt_lens"][:0]), "no records"),
     (lambda f: dict(eot=np.array("x")), "eot is not an integer"),
@@ -73,6 +76,11 @@ def changed(a, i, value):
     (lambda f: dict(tokens=changed(f["tokens"], 5, 257)), "token ids outside 0 .. 256, the end of text"),
     (lambda f: dict(tokens=changed(f["tokens"].astype(np.int64), 5, -1)),
      "token ids outside 0 .. 256, the end of text"),
+    # what no check above sees: a record's end of text that is not where its offsets say, or not the file's eot
+    (lambda f: dict(offsets=changed(f["offsets"], 2, f["offsets"][2] + 1)), "record 1 " + NOT_FRAMED),
+    (lambda f: dict(tokens=changed(f["tokens"], 5, 256)), "record 0 " + NOT_FRAMED),
+    (lambda f: dict(tokens=changed(f["tokens"], 0, 7)), "record 0 " + NOT_FRAMED),
+    (lambda f: dict(eot=np.array(300)), "record 0 " + NOT_FRAMED.replace("256", "300")),
 ])
 def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damage, message):
     prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)

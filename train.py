@@ -289,6 +289,9 @@ def train(cfg, run):
                 window_start, window_steps = time.time(), 0
     except KeyboardInterrupt as e:
         run.interrupted(e, step)  # a checkpoint of the last whole step, and exit 128 + the signal
+    except BrokenPipeError:  # what reads the output closed it (`| head`): a checkpoint as for a signal, then exit 141
+        run.output_closed(step)
+        raise
     except FloatingPointError as e:
         run.diverged(e)  # exit 1; the last checkpoint, which was good, stays
 
