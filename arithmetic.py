@@ -72,9 +72,11 @@ class Task:
         least = 1 if self.count == "operators" else 2
         if not self.tiers or min(self.tiers) < least or len(set(self.tiers)) < len(self.tiers):
             raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
-        # the longest sample of n operators is a chain 1 - ( 2 - ( 3 - ... ) ): 4n - 1 tokens, 4 fewer each step;
-        # then '=' and the answer, 4n + 1 in all, or every step, the '='s and <eos>, 2n(n + 1) + 2 (3000: 18M tokens)
-        longest = lambda n: 4 * n + 1 if self.target == "answer" else 2 * n * (n + 1) + 2  # noqa: E731
+
+        def longest(n):  # tokens in the longest sample of n operators: a chain 1 - ( 2 - ( 3 - ... ) ), 4n - 1
+            # tokens, 4 fewer each step; then '=' and the answer, or every step, the '='s and <eos> (3000: 18M tokens)
+            return 4 * n + 1 if self.target == "answer" else 2 * n * (n + 1) + 2
+
         operands = self.count == "operands"  # (a tier of n operands has n - 1 operators)
         if longest(max(self.tiers) - operands) > MOST_TOKENS:
             most = max(n for n in range(MOST_TOKENS) if longest(n) <= MOST_TOKENS) + operands
