@@ -238,13 +238,15 @@ def run_grid(runs, args, extra):
                         lines = (out / "train.out").read_text().strip().splitlines() or ["(no output)"]
                         failed.append(label)
                         print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
-        except KeyboardInterrupt as e:
-            signum = getattr(e, "signum", signal.SIGINT)
+        except (KeyboardInterrupt, BrokenPipeError) as e:  # a signal, or what read the grid's output closed it
+            signum = getattr(e, "signum", signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM)
             signals.stopping = True  # a second signal waits: the runs are saving their checkpoints
             for proc in running:
                 proc.send_signal(signum)  # train.py saves a checkpoint on either
             for proc in running:
                 proc.wait()
+            if isinstance(e, BrokenPipeError):
+                raise  # `grid.py | head`: exit 141 without a word (one_line_errors), as the runs have stopped
             print(f"grid.py: interrupted ({signal.Signals(signum).name}); run the same command again to go on",
                   file=sys.stderr)
             raise SystemExit(128 + signum)

@@ -146,9 +146,11 @@ def test_modulus_sets_the_mod_field_alone():
     assert tasks["mod7-steps-operators-4-5-6"].modulus == 7
 
 
-def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys):
+@pytest.mark.parametrize("stop", ["signal", "closed output"])
+def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys, stop):
     """SIGTERM (a scheduler, `kill`) or Ctrl-C: grid.py passes it on to every run (train.py saves a checkpoint) and
-    waits for them, so that none trains on alone, where the same command run again would start it a second time."""
+    waits for them, so that none trains on alone, where the same command run again would start it a second time.
+    So too when what reads its output closes it (`grid.py | head`), which it finds when it next prints."""
     runs = []
 
     class Training:  # stands in for subprocess.Popen: a run that trains until it is signalled
@@ -157,8 +159,11 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
             runs.append(self)
 
         def poll(self):
-            if len(runs) == 2 and not self.signals:
-                os.kill(os.getpid(), signal.SIGTERM)  # both runs started: the grid is told to stop
+            if len(runs) == 2 and not self.signals:  # both runs started: the grid is told to stop
+                if stop == "signal":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                elif self is runs[0]:
+                    self.returncode = 1  # (a run that ends: the grid prints a line, and its output is gone)
             return self.returncode
 
         def send_signal(self, signum):
@@ -176,11 +181,19 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
     try:
         with pytest.MonkeyPatch.context() as m:
             m.setattr(grid.subprocess, "Popen", Training)
-            with pytest.raises(SystemExit) as e:
-                grid.run_grid(grid_runs, args, [])
+            if stop == "closed output":
+                def closed(*line, **kwargs):  # the header goes out; the next line finds the reader gone
+                    if line[0].startswith("["):
+                        raise BrokenPipeError
+                m.setattr(grid, "print", closed, raising=False)
+            with pytest.raises(SystemExit if stop == "signal" else BrokenPipeError) as e:  # (then one_line_errors
+                grid.run_grid(grid_runs, args, [])                                     # exits 141 without a word)
         assert signal.getsignal(signal.SIGTERM) is as_ctrl_c  # the grid's handler is gone again
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if stop == "closed output":  # the run still training is stopped and waited for
+        assert runs[0].signals == [] and runs[1].signals == [signal.SIGTERM] and runs[1].returncode == 143
+        return
     assert e.value.code == 143 and [r.signals for r in runs] == [[signal.SIGTERM]] * 2
     assert all(r.returncode == 143 for r in runs)  # each waited for
     assert capsys.readouterr().err == "grid.py: interrupted (SIGTERM); run the same command again to go on\n"
