@@ -15,8 +15,8 @@ in LIMe, the layer's own values in the baseline.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (POSITIVE, DataError, Parser, UsageError, atomic_write, autocast_for, folder_problem, one_line_errors,
-                 pick_device, show_value)
+from cli import (POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
+                 one_line_errors, pick_device, show_value)
 
 import argparse
 import json
@@ -461,7 +461,7 @@ def main(argv=None):
     s.add_argument("--top-p", type=float, default=0.9,
                    help="per target head, keep the smallest set of weights holding this share of its |weight|, "
                         "in (0, 1] (the paper's first version: 0.9)")
-    s.add_argument("--save", metavar="NEWDIR", help="write the pruned checkpoint there (a new folder), for "
+    s.add_argument("--save", metavar="NEWDIR", type=a_path, help="write the pruned checkpoint there (a new folder), for "
                                                     "sample.py or for train.py --init-from / --resume")
     s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
     s.add_argument("--device", default="auto", help="where to evaluate: auto (cuda, then mps, then cpu), cpu, "

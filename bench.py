@@ -25,8 +25,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DataError, Parser, UsageError, atomic_write, autocast_for, fail, folder_problem, one_line_errors,
-                 peak_flops, pick_device, read_json, synchronize)
+from cli import (DataError, Parser, UsageError, a_path, atomic_write, autocast_for, fail, folder_problem,
+                 one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import argparse
 import json
@@ -348,7 +348,7 @@ def parse_args(argv):
     p.add_argument("--profile", action="store_true",
                    help="also profile 3 steps of each mode: where the time goes, by kind of work (routing, attention, "
                         "matmuls, ...), side by side with the first mode's")
-    p.add_argument("--json", help="also write the figures to this file as JSON")
+    p.add_argument("--json", type=a_path, help="also write the figures to this file as JSON")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the --json file if it exists (without it: an error, except that --suite goes on "
                         "from the parts a file of its own holds)")
@@ -410,8 +410,6 @@ def parse_args(argv):
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    if args.json == "":  # (which the test below would pass over: a benchmark run for nothing, without a word)
-        raise UsageError("--json is an empty path: give the file to write the figures to, e.g. --json bench.json")
     if args.json:  # checked before the benchmark runs, not after
         folder = Path(args.json).resolve().parent
         problem = f"no directory {folder}" if not folder.exists() else folder_problem(folder) or \

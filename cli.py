@@ -78,6 +78,13 @@ class Parser(argparse.ArgumentParser):
         return {k for k, v in vars(self.parse_args(argv, argparse.Namespace(**dests))).items() if v is not unset}
 
 
+def a_path(text):
+    """argparse's type for a path flag with no default: an empty one is a mistake, not "none" (else it is ignored)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (a $VARIABLE that is not set?)")
+    return text
+
+
 def fail(script, message, code):
     """One line on stderr, then exit with `code`."""
     print(f"{script}: {message}", file=sys.stderr)

@@ -192,7 +192,7 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
                                                         "--compile"),
     (["--kernels", "--compile", "auto"], "--kernels times the op alone, no model: not with --compile"),  # the default
     (["--json", "/nonexistent/dir/b.json"], "no directory /nonexistent/dir"),
-    (["--json", ""], "--json is an empty path: give the file to write the figures to, e.g. --json bench.json"),
+    (["--json", ""], "argument --json: an empty path (a $VARIABLE that is not set?)"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -302,6 +302,7 @@ BAD_INPUTS = [
      "--alpha must be > 0 and finite, got -1"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
+    ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", ""], 2, "argument --save: an empty path"),
     ("analyze", lambda a, r, t: ["curves", str(r), "--out", str(t / "notes.md")], 2,
      "notes.md: the picture is a PNG: give a path ending in .png"),
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
