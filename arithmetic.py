@@ -73,6 +73,9 @@ class Task:
         if not self.tiers or min(self.tiers) < least or len(set(self.tiers)) < len(self.tiers):
             raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
 
+    def check_fits(self):
+        """For new data only (prepare_data.py, grid.py): every sample fits MOST_TOKENS. Not in __post_init__, so that
+        data and runs made before this bound (with tiers past it, and a larger --block-size) are still read."""
         def longest(n):  # tokens in the longest sample of n operators: a chain 1 - ( 2 - ( 3 - ... ) ), 4n - 1
             # tokens, 4 fewer each step; then '=' and the answer, or every step, the '='s and <eos> (3000: 18M tokens)
             return 4 * n + 1 if self.target == "answer" else 2 * n * (n + 1) + 2
@@ -83,6 +86,7 @@ class Task:
             raise DataError(f"--tiers must be at most {most} {self.count} with --target {self.target}, got "
                             f"{max(self.tiers)}: a sample of more can take over {MOST_TOKENS} tokens, the largest "
                             "block a preset trains on")
+        return self
 
     @classmethod
     def from_meta(cls, meta):

@@ -209,6 +209,10 @@ def read_json(path, keys=()):
     return value
 
 
+# what fsync says on a file system that cannot sync (ENOTSUP and EOPNOTSUPP are one code on Linux, two on macOS)
+CANNOT_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
 def atomic_write(path, write):
     """Call write(f) on a temporary file beside `path`, then rename it into place: a reader sees
     the old file or the new one, never half of one, even after a crash. The temporary file is this process's own, so two
@@ -227,7 +231,7 @@ def atomic_write(path, write):
             try:
                 os.fsync(f.fileno())  # on disk before it takes the name: after a power cut, the old file or the new one
             except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # (a file system that cannot: as it is, then)
+                if e.errno not in CANNOT_SYNC:  # (a file system that cannot: as it is, then)
                     raise
         os.replace(tmp, path)
         sync_folder(path.parent)  # the rename too: else a crash can leave the old name, or none for a new file
@@ -253,7 +257,7 @@ def sync_folder(folder):
     try:
         os.fsync(fd)
     except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+        if e.errno not in (*CANNOT_SYNC, errno.EBADF):
             raise
     finally:
         os.close(fd)

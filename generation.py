@@ -1,5 +1,5 @@
 """
-Generation with a KV cache: lime.GPT's forward takes a `cache`, and this file fills it.
+Generation with a KV cache: this file's loop calls lime.GPT's forward with a `cache`, which each layer fills.
 
 LIMe's cache is a vanilla one: every layer routes its K/V before RoPE (lime.py), so what a later
 position attends to is each layer's routed, rotated K/V, the same for every later query. The cache

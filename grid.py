@@ -44,7 +44,8 @@ def regimes(args):
     for field in dict.fromkeys(args.fields.split(",")):  # in order, each once
         for target in dict.fromkeys(args.targets.split(",")):
             modulus = args.modulus if field == "mod" else arithmetic.Task.modulus  # (int data: the default)
-            task = arithmetic.Task(field=field, modulus=modulus, count=args.count, tiers=tiers, target=target)
+            task = arithmetic.Task(field=field, modulus=modulus, count=args.count, tiers=tiers,
+                                   target=target).check_fits()  # (new data: its samples must fit a block)
             name = f"{task.name}-{task.count}-{'-'.join(map(str, tiers))}"  # e.g. int-steps-operators-4-5-6
             out.append((name, task))
     return out

@@ -25,8 +25,8 @@ What differs from nanoGPT, in reading order:
     layer, inside torch.compile's single graph, that saves each layer's K/V once (memory O(L);
     the paper's code, autograd through a stack per layer: O(L^2)).
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. Generation is not
-    a method of GPT, as in nanoGPT: generation.py's `generate(model, ...)`, with its KV cache.
+  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. Unlike nanoGPT's,
+    GPT has no generate(): generation.py's `generate(model, ...)` runs it, with its KV cache.
 """
 
 import math

@@ -236,7 +236,7 @@ def main(argv=None):
                 raise UsageError(f"--tiers must be numbers separated by commas, e.g. 4,5,6; got {args.tiers!r}")
             try:
                 task = arithmetic.Task(args.field, args.modulus, args.max_operand, args.max_value, args.count, tiers,
-                                       args.target)
+                                       args.target).check_fits()
             except DataError as e:
                 raise UsageError(str(e)) from None
         if args.name == "fineweb-edu":

@@ -258,6 +258,8 @@ def test_tiers_whose_samples_may_not_fit_the_largest_block_are_refused_before_an
         for _ in range(n):
             chain = ("-", 1, chain)
         assert len(task.solution(chain).split()) + (target == "steps") == tokens <= arithmetic.MOST_TOKENS
+    # data made before the bound, or by hand, is still read: a run that trained on it goes on
+    assert arithmetic.Task.from_meta(dict(field="mod", count="operators", tiers=[32])).tiers == (32,)
 
 
 def test_a_token_past_the_task_vocabulary_is_read_and_scored_wrong():
