@@ -7,9 +7,9 @@ write its own idea: each is one class on lime.py's extension points, named for -
     python train.py --router=dwa             # DenseFormer's depth-weighted averaging
     python train.py --router=value-residual  # ResFormer's value residual
 
-Each starts as exactly the LLaMA baseline (`none`) with the same weights, so what it learns is
-what it adds. Hyper-Connections and depth-weighted averaging act on the residual stream (a
-lime.Residual), the value residual on the values attention reads (a lime.Router).
+Each starts as exactly the LLaMA baseline (`none`) with the same weights (Hyper-Connections: up to its
+final norm's epsilon), so what it learns is what it adds. Hyper-Connections and depth-weighted averaging
+act on the residual stream (a lime.Residual), the value residual on the values attention reads (a lime.Router).
 """
 
 import torch
@@ -120,7 +120,7 @@ class DepthWeightedAverage(Residual):
 class ValueResidual(Router):
     """ResFormer's value residual (Zhou et al. 2024): each layer's values plus a learned weight per
     head times layer 0's values; the keys are the layer's own. It is LIMe restricted to {layer 0,
-    its own} on the values, with the weight of layer 0 starting at 0."""
+    its own} on the values, within each head, its own weight fixed at 1 and layer 0's starting at 0."""
     name = "value-residual"
     keys = False
 

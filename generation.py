@@ -1,9 +1,9 @@
 """
 Generation with a KV cache: this file's loop calls lime.GPT's forward with a `cache`, which each layer fills.
 
-LIMe's cache is a vanilla one: every layer routes its K/V before RoPE (lime.py), so what a later
-position attends to is each layer's routed, rotated K/V, the same for every later query. The cache
-holds exactly that, one K and one V per (layer, kv-head, position), as LLaMA's does.
+LIMe's cache is a vanilla one: routing mixes K/V at one position only (lime.py), so each layer's
+routed, rotated K/V at a position is fixed once that position has run, the same for every later query.
+The cache holds exactly that, one K and one V per (layer, kv-head, position), as LLaMA's does.
 """
 
 import torch
@@ -54,7 +54,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None,
         if temperature == 0:
             new = logits.argmax(dim=-1)
         else:
-            # the largest logit at 0 and a temperature float32 can hold: a tiny one gives greedy, not NaN
+            # largest logit shifted to 0, temperature kept nonzero in float32: a tiny one gives greedy, not NaN
             logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, torch.finfo().tiny)
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]

@@ -8,18 +8,18 @@ over a learned mixture of the K/V of every (layer, head) pair up to and includin
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
-R^(l) is the "router": (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01%
-of the parameters. It starts as the identity on the layer's own heads, so a fresh
-LIMe model begins close to LLaMA; its other entries are Kaiming-uniform. Keys and values
-share one router. Queries are untouched. Routing mixes vectors at one position only,
-and RoPE rotates every head at a position alike, so we route before RoPE and the KV
-cache holds the routed, rotated K/V: exactly the size of a normal cache (generation.py).
+R^(l) is the "router": (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01% of the
+parameters. It starts as the identity on the layer's own heads, so a fresh LIMe model begins
+close to LLaMA; its other entries are Kaiming-uniform. Keys and values share one router; queries
+are untouched. Routing mixes vectors at one position only, and RoPE rotates every head at a position
+alike, so routing before or after RoPE is the same: we route before, and the KV cache holds each
+layer's routed, rotated K/V, exactly the size of a normal cache (generation.py).
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router` and its subclasses, one small class each: the paper's router and its ablations
     (`none`, `lime`, `average`, `dynamic`, `last-J`, `first-J`), and `Residual`, the stream between
-    sub-layers. A fork's idea is one more class of either (README "Fork it"), as are baselines.py's;
+    sub-layers. A fork's idea is one more subclass of either (README "Fork it"), as are baselines.py's;
     methods.py maps --router to them.
   * `Routing`: carries K/V from layer to layer. Training uses kernels.py's fast path: one op per
     layer, inside torch.compile's single graph, that saves each layer's K/V once (memory O(L);
@@ -78,7 +78,8 @@ class GPTConfig:
 
 def route_reference(weight, sources):
     """The routing as the paper writes it, in plain autograd: the specification the fast path
-    (kernels.py) is tested against. sources: the K/V (B, T, n_kv, E) of the layers read, in order.
+    (kernels.py) is tested against. sources: the K/V (B, T, n_kv, E) of the n_src layers read, in
+    order; n_kv = n_kv_head, E = 2*head_dim ([keys | values]), or head_dim for the values alone.
 
         static:     kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
         per token:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)
@@ -97,25 +98,25 @@ class Router(Method):
       name              its --router value, as methods.Method says (last-J: last-4)
       source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
-                          (n_kv, n_src, n_kv)  weight[h, i, g]: from head g of source i into head h, or
-                          (n_kv, n_src)        the same within each head (no mixing across heads).
+                          (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
+                          (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
                         A `per_token` router's weights depend on the layer's input x (B, T, C):
                         (B, T, n_kv, n_src); for x=None it gives their token-independent part.
 
-    The rest is derived from these: the push of the fast path (Routing), the dense matrix that
+    The rest is derived from these: whether Routing pushes or pulls it (`pulled`), the dense matrix that
     analysis and pruning read (`dense`), whether top-p pruning applies (`prunable`), the FLOP count
     (GPT.estimate_flops) and the initial values (GPT.init_weights: weights that are a Parameter
     start as the identity on the layer's own heads and Kaiming-uniform elsewhere, unless the class
     has an init_weights() of its own).
-    Layer 0 has only itself to read, so its router is `Own` in every mode.
+    Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
     """
-    per_token = False  # True: the weights depend on the input x, so the routing pulls them (see Routing)
+    per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
     keys = True  # False: it routes the values only, and the keys stay the layer's own (pulled too)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
         self.layer, self.n_kv = layer, config.n_kv_head
-        self.sources = self.source_layers(layer, J)
+        self.sources = self.source_layers(layer, J)  # layer ids; route_reference's `sources` are their K/V
         assert self.sources == sorted(set(self.sources)) and self.sources[-1] == layer, self.sources
 
     def source_layers(self, layer, J):
@@ -144,7 +145,7 @@ class Router(Method):
 
     @property
     def prunable(self):
-        """Top-p pruning zeroes entries of the weights: weights() must be a learned Parameter, the same at every token."""
+        """Top-p pruning zeroes entries of weights(): it must be a learned Parameter, the same at every token."""
         return not self.per_token and isinstance(self.weights(), nn.Parameter)
 
     def reference(self, sources, x):
@@ -161,7 +162,7 @@ class Router(Method):
 
 class Own(Router):
     """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself:
-    `none`, the LLaMA baseline (GPT skips routing altogether for it), and layer 0 in every mode."""
+    `none`, the LLaMA baseline (GPT skips routing altogether for it), and layer 0 in every mode that routes."""
     name = "none"
 
     def __init__(self, config, layer, J=None):
@@ -225,7 +226,7 @@ class First(LIMe):
 
 
 def make_router(config, layer):
-    """The router of `layer`: None for `none` (nothing to route) and for a Residual, `Own` at layer 0."""
+    """The router of `layer`: None for `none` and a Residual (nothing to route); else the mode's, `Own` at layer 0."""
     cls, J = parse_router(config.router)
     if cls is Own or not issubclass(cls, Router):
         return None
@@ -235,11 +236,11 @@ def make_router(config, layer):
 class Routing:
     """Carries K/V from layer to layer during one forward pass.
 
-    Routers whose weights are the same at every token push (see kernels.py): layer j finishes
-    its own routed K/V and adds its share to the running sums of the later layers that read it,
-    in one op. A `per_token` router's weights depend on the reading layer's input, so it pulls,
-    one product per source, which autograd saves once for every layer that reads it; so does a
-    router of the values alone. With reference=True every router pulls through route_reference.
+    Routers whose weights are the same at every token are pushed (see kernels.py): layer j finishes its
+    own routed K/V and adds its share to the running sums of the later layers that read it, in one op.
+    Two kinds are pulled by their layer, one product per source (autograd keeps each source by reference):
+    a `per_token` router, whose weights depend on the reading layer's input, and a router of the values
+    alone (the op routes K and V together). With reference=True every router pulls through route_reference.
     """
 
     def __init__(self, routers, readers, reference=False):
@@ -329,7 +330,7 @@ class Attention(nn.Module):
         # a single query sees every key (SDPA's causal mask is top-left aligned, wrong for 1 query, pos + 1 keys)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
                                            enable_gqa=self.n_kv_head != self.n_head)  # (B, n_head, T, head_dim)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # heads side by side: (B, T, n_head * head_dim)
 
 
 class MLP(nn.Module):
@@ -339,7 +340,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):
-        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        gate, up = self.c_fc(x).chunk(2, dim=-1)  # each (B, T, mlp_hidden)
         return self.c_proj(F.silu(gate) * up)
 
 
@@ -355,7 +356,7 @@ class Residual(Method):
         return x  # the embedding (B, T, C) -> the stream
 
     def add(self, i, h, f):
-        return h + f(h)  # sub-layer i (2 per block): f maps its input (B, T, C) to its output
+        return h + f(h)  # sub-layer i (2 per block): f, its norm included (Block), maps (B, T, C) to (B, T, C)
 
     def end(self, h):
         return h  # the stream -> what the final norm reads (B, T, C)
@@ -410,8 +411,7 @@ class GPT(nn.Module):
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
             other allowed source, fan_in being the number of (layer, head) sources a head reads;
-          - then a method with an init_weights() of its own (baselines.py's, a fork's, a router too): what
-            that says, of its own parameters and its submodules' alike.
+          - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that.
         A method's own parameters that none of this sets are an error, not torch.empty's leftovers.
         """
         std = 0.02
@@ -466,8 +466,8 @@ class GPT(nn.Module):
     # ---- analysis and accounting ---------------------------------------------------------
 
     def routing_weights(self):
-        """Per layer l, (n_kv_head, l + 1, n_kv_head): weight from (source layer, source head)
-        into each target head. Identity on the own layer where there is no router; for
+        """Per layer l, (n_kv_head, l + 1, n_kv_head): [h, j, h'] the weight from head h' of
+        layer j into head h. Identity on the own layer where there is no router; for
         `dynamic`, the token-independent part."""
         return [(block.attn.router or Own(self.config, layer).to(self.rope_cos.device)).dense()
                 for layer, block in enumerate(self.transformer.h)]
