@@ -96,7 +96,7 @@ def route_backward(grads: list[Tensor], kv: Tensor, w: Tensor, need_w: bool) -> 
     grad_kv = torch.bmm(wt[0].expand(x.shape[0], *wt[0].shape), grads[0])
     for wi, g in zip(wt[1:], grads[1:]):
         grad_kv.baddbmm_(wi.expand(x.shape[0], *wi.shape), g)
-    grad_w = torch.zeros_like(w)
+    grad_w = w.new_zeros(w.shape)  # contiguous, as the fake says (zeros_like would keep a transposed w's strides)
     if need_w:  # summed over positions in fp32
         xt = x.float().transpose(1, 2)
         grad_w = torch.stack([torch.bmm(g.float(), xt).sum(0) for g in grads])
@@ -232,4 +232,4 @@ def _route_backward_triton(grads, kv, w, need_w):
     for a, b in _chunks(len(grads)):
         _route_bwd[(programs,)](kv, w[a:], _padded(grads[a:b], kv), grad_kv, gw[:, a:], b - a, len(grads), P,
                                 NEED_W=need_w, ACCUMULATE=a > 0, **meta)
-    return grad_kv, gw.sum(0).to(w.dtype) if need_w else torch.zeros_like(w)
+    return grad_kv, gw.sum(0).to(w.dtype) if need_w else w.new_zeros(w.shape)

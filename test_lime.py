@@ -253,6 +253,8 @@ def test_route_ops_pass_opcheck():
     torch.library.opcheck(kernels.route, (kv, w, partials))
     grads = [torch.randn(2, 5, 3, 8, generator=g) for _ in range(3)]
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach(), True))
+    # grad w unneeded: zeros, contiguous as the fake says, whatever the strides of w (here transposed)
+    torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach().transpose(1, 2), False))
 
 
 @pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax", [
@@ -261,6 +263,7 @@ def test_route_ops_pass_opcheck():
     (11, 10, 4, 12, torch.float32, 256, 8),  # more outputs than one launch takes (kernels.NMAX); E not a power of 2
     (17, 16, 4, 12, torch.float32, 256, 16),  # 16 outputs a launch, as bench.py --sweep tries: two launches here
     (2, 0, 2, 16, torch.bfloat16, 256, 8),
+    (2, 1, 17, 12, torch.float32, 8, 8),  # heads padded to 32, not 16; E wider than a tile: one position a tile
 ])
 def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation."""
