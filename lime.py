@@ -252,21 +252,30 @@ class Routing:
         """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
         router = self.routers[layer]
         self.kvs.append(kv)
-        if self.reference or router.pulled:
-            sources = [self.kvs[j] for j in router.sources]
-            if router.keys:
-                return self.pull(router, sources, x)
-            # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
-            v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only
-            return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
+        pulled = self.reference or router.pulled
+        # NOTE a pulled layer still pushes into the later layers that read it and are pushed (a fork's router
+        # may pull at some layers only): else their sums would silently lack its share
+        targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
+        outs = self.push(layer, kv, targets) if targets else {}
+        if not pulled:
+            return outs[layer]
+        sources = [self.kvs[j] for j in router.sources]
+        if router.keys:
+            return self.pull(router, sources, x)
+        # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
+        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only
+        return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
+
+    def push(self, layer, kv, targets):
+        """One op (kernels.route): this layer's share added to each target's running sum -> {target: the sum}."""
         # the op adds the partial sums to its first outputs, so the targets that have one come first
-        targets = sorted([layer] + self.readers[layer], key=lambda l: l not in self.partial)
+        targets = sorted(targets, key=lambda l: l not in self.partial)
         partials = [self.partial.pop(l) for l in targets if l in self.partial]
         w = torch.stack([self.routers[l].matrix()[:, self.routers[l].sources.index(layer)]
                          for l in targets])  # (n_targets, n_kv, n_kv): how each target reads this layer
         outs = dict(zip(targets, kernels.route(kv, w, partials)))
         self.partial.update((l, outs[l]) for l in self.readers[layer])
-        return outs[layer]
+        return outs
 
     @staticmethod
     def push_targets(routers):

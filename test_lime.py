@@ -166,6 +166,28 @@ def test_fast_routing_equals_the_reference(mode):
         assert (fast[name] - ref[name]).norm() <= 0.05 * ref[name].norm() + 1e-6, name
 
 
+def test_a_router_pulled_at_some_layers_only_still_pushes_to_the_others():
+    """A fork's router may pull at some layers and be pushed at others: a pulled layer's K/V still reaches the
+    running sums of the pushed layers that read it."""
+    class PulledAtOddLayers(lime.LIMe):
+        name = None  # (not a --router value)
+
+        @property
+        def pulled(self):
+            return self.layer % 2 == 1
+
+    model, idx = routed_model("lime"), tokens()  # 6 layers
+    for router in model.routers[1:]:
+        router.__class__ = PulledAtOddLayers
+    model.readers = lime.Routing.push_targets(model.routers)
+    assert model.readers[1] == [2, 4]  # layer 1, pulled, is read by the pushed layers 2 and 4
+    fast_logits, fast = run_routing(model, idx, reference=False)
+    ref_logits, ref = run_routing(model, idx, reference=True)
+    torch.testing.assert_close(fast_logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name in ref:
+        torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("mode", ["lime", "last-2", "dynamic"])
 def test_backward_from_an_inner_block(mode):
     """Backward from block 2 of 6: the routed K/V pushed to later layers get no gradient."""
