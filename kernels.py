@@ -11,8 +11,9 @@ that reads it, in one op:
 
     route(kv, w, partials)[i] = partials[i] + w[i] @ kv        (at every position, over heads)
 
-with kv = kv_j, w[0] = R^(j)_j, w[i] = R^(j+i)_j, and partials[i] the sum so far for layer
-j + i (absent where layer j is the first source it has). The sum is the same; the backward
+with kv = kv_j and, for the i-th target t_i (layer j itself and every later pushed layer that reads
+it: t_i = j + i for `lime`), w[i] = R^(t_i)_j and partials[i] the sum so far for t_i (absent where
+layer j is the first source it has; lime.Routing puts those last). The sum is the same; the backward
 is what changes. A partial's gradient passes through untouched (no copy), and the gradient
 of kv_j is sum_i w[i]^T g_i over the gradients g_i of the outputs, all of which exist by the
 time autograd reaches layer j: one kernel reads each g_i once and writes grad kv_j once.
@@ -30,10 +31,8 @@ That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s, nex
 `none` training step on one H100 (a count, not a measurement). Memory: kv_j is saved once per
 layer (one slot per layer, about +6% at 150M), and a partial lives only until its layer has run.
 
-Measured on one H100 80GB HBM3 (Triton 3.6; `python bench.py --device cuda --kernels` times the
-same), the op alone at the 150M slot, layer 0 (12 outputs), where a plain copy moves 3.0 TB/s:
-forward 0.50 ms (2.6 TB/s); backward 1.31 ms (1.1 TB/s) with the dots in bf16, 3.33 ms with fp32
-operands. The backward is the part still far from the floor; the block sizes are not tuned.
+`python bench.py --device cuda --kernels` times the op alone, in GB/s against a plain copy; README
+"Performance" has what it measured. The backward is the part still far from the floor.
 
 NOTE under bf16 the running sums are stored in bf16, so layer l's routed K/V is rounded up to
 l times rather than once. Measured on a CPU at bench.py's 12-layer shape with bf16 autocast,
