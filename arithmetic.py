@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cli import DataError, UsageError, atomic_write, read_json
 from data import TaskRows, greedy_accuracy
+from lime import GPTConfig
 
 # The task
 #
@@ -38,7 +39,7 @@ OPS = ("+", "-", "*", "/")
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 SYMBOLS = ("<eos>", "=", "(", ")", *OPS)  # the vocabulary, before a token for every number 0..top
 LARGEST = 10**6  # the largest number a regime may have: every number is a token (and a row of the embedding)
-MOST_TOKENS = 2048  # the longest a sample may be: the largest block a preset trains on (150m, 1b)
+MOST_TOKENS = GPTConfig.block_size  # the longest a sample may be: the default block, the largest preset block
 
 
 @dataclass(frozen=True)
