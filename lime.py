@@ -2,31 +2,31 @@
 LIMe (Layer-Integrated Memory): a LLaMA-style decoder in which every attention layer
 reads the keys and values of all earlier layers, not only its own.
 
-A vanilla decoder layer l computes K_l, V_l from its own residual stream and attends
-over them. Here layer l computes its own K/V (per kv-head, before RoPE) and then attends
-over a learned mixture of the K/V of every (layer, head) pair up to and including itself:
+A vanilla layer l attends over the K/V it computes from its own residual stream. Here layer l
+computes its own K/V (per kv-head, before RoPE), then attends over a learned mixture of the K/V
+of every (layer, head) pair up to and including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
-R^(l) is the "router": (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01% of the
-parameters. It starts as the identity on the layer's own heads, so a fresh LIMe model begins
-close to LLaMA; its other entries are Kaiming-uniform. Keys and values share one router; queries
-are untouched. Routing mixes vectors at one position only, and RoPE rotates every head at a position
-alike, so routing before or after RoPE is the same: we route before, and the KV cache holds each
-layer's routed, rotated K/V, exactly the size of a normal cache (generation.py).
+R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01% of the
+parameters. It starts as the identity on the layer's own heads (a fresh LIMe model begins close to
+LLaMA) and Kaiming-uniform elsewhere. Keys and values share one router; queries are untouched.
+Routing mixes vectors at one position, and RoPE rotates every head at a position alike, so routing
+before or after RoPE is the same: we route before, and the KV cache holds each layer's routed, rotated
+K/V, a normal cache's size (generation.py).
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
-  * `Router` and its subclasses, one small class each: the paper's router and its ablations
-    (`none`, `lime`, `average`, `dynamic`, `last-J`, `first-J`), and `Residual`, the stream between
-    sub-layers. A fork's idea is one more subclass of either (README "Fork it"), as are baselines.py's;
-    methods.py maps --router to them.
-  * `Routing`: carries K/V from layer to layer. Training uses kernels.py's fast path: one op per
-    layer, inside torch.compile's single graph, that saves each layer's K/V once (memory O(L);
-    the paper's code, autograd through a stack per layer: O(L^2)).
+  * `Router`: how a layer reads the K/V of earlier layers, a subclass per --router value: here `lime`, the
+    paper's router, and `none`, LLaMA; `Residual`: the stream between sub-layers. The paper's router
+    ablations (ablations.py), the baselines (baselines.py) and a fork's idea are one more subclass of
+    either (README "Fork it"); methods.py names them.
+  * `Routing`: carries K/V from layer to layer; in training through kernels.py's op, one per layer inside
+    torch.compile's single graph, which saves each layer's K/V once (memory O(L), where the paper's code,
+    autograd through a stack per layer, takes O(L^2)).
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. Unlike nanoGPT's,
-    GPT has no generate(): generation.py's `generate(model, ...)` runs it, with its KV cache.
+  * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. GPT has no generate():
+    generation.py's `generate(model, ...)` runs it with a KV cache.
 """
 
 import math
@@ -100,8 +100,8 @@ class Router(Method):
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
                           (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
                           (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
-                        A `per_token` router's weights depend on the layer's input x (B, T, C):
-                        (B, T, n_kv, n_src); for x=None it gives their token-independent part.
+                        A `per_token` router's weights (as ablations.py's `dynamic`) depend on the layer's
+                        input x (B, T, C): (B, T, n_kv, n_src); for x=None, their token-independent part.
 
     The rest is derived from these: whether Routing pushes or pulls it (`pulled`), the dense matrix that
     analysis and pruning read (`dense`), whether top-p pruning applies (`prunable`), the FLOP count
@@ -181,48 +181,6 @@ class LIMe(Router):
     def __init__(self, config, layer, J=None):
         super().__init__(config, layer, J)
         self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources), self.n_kv))
-
-
-class Average(Own):
-    """Layers 0..l of the same head, uniformly (Own's equal weights, over more sources): fixed, nothing learned."""
-    name = "average"
-
-    def source_layers(self, layer, J):
-        return list(range(layer + 1))
-
-
-class Dynamic(Router):
-    """Layers 0..l of the same head with per-token weights: a static part plus a zero-initialised
-    linear map of the (normalised) attention input (the paper's first version)."""
-    name = "dynamic"
-    per_token = True
-
-    def __init__(self, config, layer, J=None):
-        super().__init__(config, layer, J)
-        self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
-        self.proj = nn.Linear(config.n_embd, self.weight.numel(), bias=False)
-
-    def weights(self, x=None):
-        if x is None:
-            return self.weight
-        B, T, _ = x.shape
-        return self.proj(x).view(B, T, *self.weight.shape) + self.weight  # (B, T, n_kv, n_src)
-
-
-class Last(LIMe):
-    """`lime` over the min(l + 1, J) most recent layers, its own included."""
-    name = "last-J"
-
-    def source_layers(self, layer, J):
-        return list(range(max(0, layer - J + 1), layer + 1))
-
-
-class First(LIMe):
-    """`lime` over the first min(l + 1, J) layers, plus its own."""
-    name = "first-J"
-
-    def source_layers(self, layer, J):
-        return sorted(set(range(min(layer + 1, J))) | {layer})
 
 
 def make_router(config, layer):
@@ -501,7 +459,7 @@ class GPT(nn.Module):
 
         The routing term is what LIMe adds: each routed K/V element is a dot product over the
         allowed sources (within-head weights: over the same head only); it grows as O(L^2) with
-        depth in `lime` and `average`. Layer 0 only copies its own K/V.
+        depth in `lime` (and ablations.py's `average`). Layer 0 only copies its own K/V.
         """
         c = self.config
         T = seq_len or c.block_size

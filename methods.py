@@ -16,7 +16,7 @@ import re
 import torch.nn as nn
 
 ROUTERS = {}  # --router name -> class, in the order they are defined (read it through registry())
-MODULES = ("lime", "baselines")  # where the methods are defined
+MODULES = ("lime", "ablations", "baselines")  # where the methods are defined
 
 
 def registry():
