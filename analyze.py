@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import runs
+import tables
 from data import evaluate
 from pruning import prunable_routers, prune_routers, pruned_counts
 
@@ -261,7 +262,7 @@ def cmd_probe(args):
 
 
 # -----------------------------------------------------------------------------
-# table: Table 7, or accuracy per tier over seeds
+# table: Table 7, or accuracy per tier over seeds (made by tables.results_table)
 
 
 def run_folders(paths):
@@ -278,7 +279,7 @@ def run_folders(paths):
 
 def cmd_table(args):
     summaries = [runs.read_summary(d) for d in run_folders(args.run_dirs)]
-    table = runs.results_table(summaries, args.split)
+    table = tables.results_table(summaries, args.split)
     print(table)
     return table
 
@@ -312,7 +313,7 @@ def cmd_curves(args):
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
     folders = run_folders(args.run_dirs)
     configs, logs = zip(*map(eval_rows, folders))
-    groups = runs.by_setting(configs, logs)  # {setting: each seed's evaluations}
+    groups = tables.by_setting(configs, logs)  # {setting: each seed's evaluations}
     tiers = [{int(k.removeprefix("val_acc_")) for r in rows for k in r if re.fullmatch(r"val_acc_\d+", k)}
              for seeds in groups.values() for rows in seeds if rows]  # each run's that has evaluated
     if not args.metric and any(tiers) and not set.intersection(*tiers):
@@ -326,7 +327,7 @@ def cmd_curves(args):
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
         at = [{r["step"]: r for r in rows if metric in r} for rows in seeds]  # (a step logged twice: its row with it)
-        curves[label] = {m: [(step, *runs.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
+        curves[label] = {m: [(step, *tables.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
                          for m in metrics}
     for i, (label, c) in enumerate(curves.items()):
         print(f"[{i}] {label}: {c[metric][0][3]} seed(s)")

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import Signals, differences, of_kind, read_summary, results_table, run_files
+from runs import Signals, of_kind, read_summary, run_files
+from tables import differences, results_table
 
 
 def regimes(args):

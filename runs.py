@@ -5,7 +5,8 @@ Run management: what train.py needs around its recipe, and what the other script
     field's own help text; presets; --resume and --init-from; every check before anything is written;
   * the run's folder: config.json, log.jsonl, ckpt.pt and summary.json, written by rank 0 only,
     each whole or not at all; signals (Ctrl-C, SIGTERM) that save a checkpoint and exit;
-  * a finished run read back: its checkpoint, model and data, and tables of finished runs.
+  * a finished run read back: its checkpoint, model and data, its summary and the setting it is a seed of
+    (seed_group), which tables.py compares runs by.
 """
 
 import argparse
@@ -15,7 +16,6 @@ import math
 import os
 import re
 import signal
-import statistics
 import sys
 import warnings
 from contextlib import contextmanager
@@ -27,7 +27,7 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, folder_problem, one_line_errors,
-                 option, pick_device, read_json, show_value)
+                 option, pick_device, read_json)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -629,6 +629,15 @@ def read_record(path):
     return record
 
 
+def seed_group(run):
+    """(regime, router, preset, steps): what the runs averaged as seeds of one setting share (tables.by_setting
+    groups runs by it). `run`: a summary.json, or a config.json (its max_steps). Runs that differ in anything
+    else are not averaged: not in preset, length or tiers."""
+    task = run.get("task")
+    regime = arithmetic.Task.from_meta(task).label if task else ""  # e.g. 'int-steps, tiers 4,5,6 operands'
+    return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
+
+
 def load_checkpoint(out_dir, device, data_dir=None):
     """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`."""
     ckpt = read_checkpoint(out_dir)
@@ -677,124 +686,3 @@ def training_data(cfg, run, generates=None, home=None):
         raise UsageError(f"--vocab-size={cfg.vocab_size}{whose} is smaller than the {cfg.data} vocabulary "
                          f"({'' if task else 'at least '}{data.vocab_size}): {fix}")
     return data
-
-
-# -----------------------------------------------------------------------------
-# Tables of finished runs (their summary.json): analyze.py table and grid.py print them
-
-
-def relative_change(value, base):
-    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
-
-
-def seed_group(run):
-    """(regime, router, preset, steps): what the runs averaged as seeds of one setting share. `run`: a
-    summary.json, or a config.json (its max_steps). Runs that differ in anything else are not averaged:
-    not in preset, length or tiers."""
-    task = run.get("task")
-    regime = arithmetic.Task.from_meta(task).label if task else ""  # e.g. 'int-steps, tiers 4,5,6 operands'
-    return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))
-
-
-# what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
-# each pretrained seed), how their length was given (in epochs or in steps: max_steps and warmup_steps hold it
-# either way), and where and how each one ran (the same batch in other micro-batches, evaluated more or less often)
-NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "data_dir", "device", "dtype", "compile",
-                   "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
-
-
-def differences(a, b, aside=frozenset()):
-    """The fields that two runs' configs both hold and differ in, beyond NOT_THE_SETTING and `aside`, sorted."""
-    return sorted(k for k in a.keys() & b.keys() - NOT_THE_SETTING - aside if a[k] != b[k])
-
-
-def by_setting(records, items=None):
-    """{seed_group: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages
-    as the seeds of one setting; `items`, one per record, are what it groups (by default the records). Runs of one
-    group that differ in more than NOT_THE_SETTING (lr, depth, pruning: what a row does not show), or in nothing
-    (a copy, one seed twice), are an error: their mean would not be what the row says, or look surer than it is."""
-    groups, configs, seen = {}, {}, set()
-    for record, item in zip(records, records if items is None else items):
-        key = seed_group(record)
-        which = f"router {key[1]}{', ' + key[0] if key[0] else ''}"
-        config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
-        for other in configs.setdefault(key, []):  # (an older summary has none: {}, which differs in nothing)
-            differ = differences(config, other)
-            if differ:
-                k = differ[0]
-                raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
-                                 f"{other[k]!r} in {other.get('out_dir')}, {config[k]!r} in {config.get('out_dir')}): "
-                                 "a mean over seeds is of one setting")
-        if "seed" in record and (key, record["seed"]) in seen:
-            raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
-                             "seed once")
-        seen.add((key, record.get("seed")))
-        configs[key].append(config)
-        groups.setdefault(key, []).append(item)
-    return groups
-
-
-def mean_sd(values):
-    """The mean and the sample standard deviation (0 for one value) of the seeds of one setting; with a value
-    that is not finite (the last evaluation of a run that diverged), the plain mean and a NaN sd."""
-    if not all(map(math.isfinite, values)):
-        return sum(values) / len(values), math.nan  # (statistics refuses them)
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def results_table(summaries, split="test"):
-    """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
-    mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
-    test or the validation split; beside them the validation loss, where every run has one), acc on ProsQA,
-    perplexity on language. With one run per row, Table 7's layout instead: the metric and its change
-    relative to the `lime` run."""
-    prefix = "val_" if split == "val" else ""
-    acc = re.compile(rf"{prefix}acc_(\d+)")
-    per_run = [{int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries]
-    tiers = set.intersection(*per_run)
-    if not tiers and any(per_run):  # (not a table of perplexities in their place)
-        raise UsageError(f"these runs share no tier of {split} accuracy (theirs: "
-                         f"{'; '.join(sorted({','.join(map(str, sorted(t))) or 'none' for t in per_run}))})")
-    metrics = [f"{prefix}acc_{n}" for n in sorted(tiers)] or \
-        (["acc"] if all("acc" in s for s in summaries) else ["val_ppl"])
-    if not all(isinstance(s.get(m), (int, float)) for s in summaries for m in metrics):
-        raise DataError("these runs' summaries have no metric in common (accuracy per tier, acc or val_ppl)")
-    if split == "val" and not metrics[0].startswith("val_acc"):
-        raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
-                         "the validation split existed, or not arithmetic)")
-    rows = by_setting(summaries)
-    if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(summaries, metrics)
-    accuracy = metrics[0] != "val_ppl"
-    if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
-        metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
-    scale = {m: 100 if "acc" in m else 1 for m in metrics}  # accuracies in %
-    digits = {m: 1 if "acc" in m else 3 for m in metrics}
-    head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
-    head += ["lime ahead, last tier (pts)"] if accuracy else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    stats = {key: [mean_sd([scale[m] * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
-    for (regime, router, *rest), runs in rows.items():
-        cells = [regime, router, str(len(runs))]
-        for m, (mu, sd) in zip(metrics, stats[regime, router, *rest]):
-            cells.append(f"{mu:.{digits[m]}f}" + (f" ± {sd:.{digits[m]}f}" if len(runs) > 1 else ""))
-        lime = stats.get((regime, "lime", *rest))
-        if accuracy:  # the means at the last tier
-            cells.append("-" if lime is None or router == "lime" else
-                         f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def single_run_table(summaries, metrics):
-    base = next((s for s in summaries if s["router"] == "lime"), None)
-    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
-    if base:
-        head += [f"change to lime ({m})" for m in metrics]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in summaries:
-        cells = [s["router"], *(show_value(m, s[m]) for m in metrics)]
-        if base:
-            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
