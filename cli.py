@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import resource
 import select
 import signal
 import sys
@@ -307,6 +308,14 @@ def synchronize(device):
     """Wait for the device, so that a timer read next sees finished work (a CPU never lags)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
+
+
+def peak_memory(device):
+    """The most memory this process has held, in bytes: CUDA's allocator on a GPU, else the peak resident size."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # NOTE ru_maxrss is in bytes on macOS, KiB on Linux
 
 
 # dense bf16 peak of known accelerators, by a fragment of torch.cuda.get_device_name(); others show no MFU

@@ -584,3 +584,11 @@ def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run
     messages = message if isinstance(message, tuple) else (message,)
     assert err.startswith(f"{script}.py: error: ") and all(m in err for m in messages), err
     assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_peak_memory_is_in_bytes():
+    """A run's summary.json says peak_memory_bytes: on a CPU the peak resident size, which getrusage gives in KiB
+    on Linux (and in bytes on macOS)."""
+    peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())[1])
+    assert abs(cli.peak_memory("cpu") / (peak_kib * 1024) - 1) < 0.05

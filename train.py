@@ -18,13 +18,12 @@ signals, checkpoints, the run's folder) is in runs.py.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops,
+from cli import (NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops, peak_memory,
                  pick_device, show_metrics, synchronize)
 
 import json
 import math
 import os
-import resource
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -299,15 +298,13 @@ def train(cfg, run):
         run.save(step)
         say(f"stopped after step {step} (--stop-at); continue with --resume")
     else:
-        peak_mem = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else \
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         task = {"task": cfg.task} if cfg.task else {}  # the arithmetic regime, as the config holds it
         pruned = None if mask is None else sum(p for p, _ in pruned_counts(raw_model, mask).values())
         run.finish(dict(router=cfg.router, preset=cfg.preset, data=cfg.data, **task, seed=cfg.seed,
                         parameters=counts, steps=step, tokens_seen=step * tokens_per_step, **metrics,
                         router_pruned=pruned,
                         tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
-                        peak_memory_bytes=peak_mem, device=device, world_size=world, config=asdict(cfg)))
+                        peak_memory_bytes=peak_memory(device), device=device, world_size=world, config=asdict(cfg)))
         say(f"done: {run.out_dir / 'summary.json'}: {show_metrics(metrics)}")
     if ddp:
         dist.barrier()  # let rank 0 finish writing before the group goes away
