@@ -1,4 +1,4 @@
-"""The paper's analyses for a run (analyze.py): router maps, entropy, the probe, tables, pruning."""
+"""The paper's analyses for a run (analyze.py): router maps, entropy, the probe, tables (tables.py), pruning."""
 
 import dataclasses
 import json

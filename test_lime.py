@@ -406,7 +406,8 @@ def test_compiled_equals_eager():
 @pytest.fixture
 def previous_router():
     """A fork's router, written in this file alone (the README's "Fork it"); afterwards the registry is as it
-    was (where a fork has pasted the README's `Previous` into lime.py, it keeps that one)."""
+    was (where a fork has pasted the README's `Previous` into ablations.py or a module of its own, it keeps
+    that one)."""
     held = methods.ROUTERS.get("previous")
 
     class Previous(lime.Router):
