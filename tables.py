@@ -6,6 +6,7 @@ groups and averages the runs' evaluations the same way. (They are here, not in a
 a script imports no other script.)
 """
 
+import json
 import math
 import re
 import statistics
@@ -86,7 +87,7 @@ def results_table(summaries, split="test"):
                          "the validation split existed, or not arithmetic)")
     rows = by_setting(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(summaries, metrics)
+        return single_run_table(summaries, metrics) + unshown_differences(rows)
     accuracy = metrics[0] != "val_ppl"
     if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
@@ -105,7 +106,24 @@ def results_table(summaries, split="test"):
             cells.append("-" if lime is None or router == "lime" else
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + unshown_differences(rows)
+
+
+def unshown_differences(rows):
+    """A note for under a table whose rows (by_setting's) differ in more than the router and regime they show: in
+    their preset, length, lr, depth... Each such field with every row's value; '' where there is none. A
+    comparison of methods trains them alike, and a table that is not one says so."""
+    aside = NOT_THE_SETTING | {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
+    settings = []
+    for (regime, router, preset, steps), runs in rows.items():
+        config = runs[0] if "out_dir" in runs[0] else runs[0].get("config", {})  # (an older summary has none)
+        settings.append((router, dict({k: v for k, v in config.items() if k not in aside}, preset=preset, steps=steps)))
+    differ = [k for k in dict.fromkeys(k for _, setting in settings for k in setting)
+              if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
+    if not differ:
+        return ""
+    values = [f"{k} ({', '.join(f'{router} {s[k]}' for router, s in settings if k in s)})" for k in differ]
+    return "\n\nNOTE the rows differ in more than their router: " + "; ".join(values)
 
 
 def single_run_table(summaries, metrics):

@@ -139,7 +139,7 @@ def test_table_averages_over_seeds(tmp_path, capsys):
                 dirs.append(str(d))
     table = analyze.main(["table", *dirs])
     head = "| regime | router | seeds | val loss | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
-    assert table.splitlines()[0] == head
+    assert table.splitlines()[0] == head and len(table.splitlines()) == 6  # no NOTE: the regime is a column
     mod, int_ = "| mod11-answer, tiers 4,5,6 operators |", "| int-answer, tiers 4,5,6 operators |"
     assert f"{mod} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
     assert f"{int_} none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
@@ -157,7 +157,8 @@ def test_table_averages_over_seeds(tmp_path, capsys):
         lang[-1].mkdir()
         (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
     table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
-    assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 5
+    assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 7
+    assert table.endswith("\n\nNOTE the rows differ in more than their router: preset (lime 150m, lime deep, none 150m)")
     assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
 
@@ -187,6 +188,22 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
     assert error_of(analyze.main, ["table", str(tmp_path / "old"), dirs[2], *dirs[:2]], capsys).endswith(
         "differ in lr, not only in their seed (lr 1e-05 in out_dir of run 2, 0.001 in out_dir of run 0): a mean over "
         "seeds is of one setting")  # whichever comes first
+
+
+def test_a_table_of_routers_trained_differently_says_how(tmp_path):
+    """Rows that differ in more than their router and regime (a length, an lr, which a row does not show) compare
+    more than the methods: a NOTE under the table names each such field and every row's value."""
+    dirs = []
+    for router, seed, steps, lr in (("lime", 1, 1500, 3e-3), ("lime", 2, 1500, 3e-3), ("none", 1, 30, 1e-3)):
+        config = dict(router=router, preset="tiny", seed=seed, max_steps=steps, lr=lr, n_layer=4, out_dir=f"{router}{seed}")
+        dirs.append(tmp_path / f"{router}{seed}")
+        dirs[-1].mkdir()
+        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset="tiny", seed=seed, steps=steps,
+                                                               val_ppl=2.0 + seed, config=config)))
+    note = "\n\nNOTE the rows differ in more than their router: lr (lime 0.003, none 0.001); steps (lime 1500, none 30)"
+    assert analyze.main(["table", *map(str, dirs)]).endswith("| none | 1 | 3.000 |" + note)
+    assert analyze.main(["table", *map(str, dirs[1:])]).endswith("| -25.00% |" + note)  # Table 7's layout
+    assert "NOTE" not in analyze.main(["table", *map(str, dirs[:2])])
 
 
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
