@@ -12,6 +12,7 @@ import torch
 
 import analyze
 import arithmetic
+import cli
 import runs
 import sample
 import tables
@@ -323,3 +324,44 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine)], capsys)
     assert f"--save={mine} already holds a run (prune.json)" in err
     assert (mine / "prune.json").read_text() == '{"mine": 1}'
+
+
+def test_mean_and_sample_sd_of_the_seeds():
+    assert tables.mean_sd([0.5, 0.6, 0.7]) == pytest.approx((0.6, 0.1))  # sqrt((0.1^2 + 0 + 0.1^2) / (3 - 1))
+    assert tables.mean_sd([4.0]) == (4.0, 0.0)
+    mean, sd = tables.mean_sd([1.0, math.nan])  # a seed that diverged: no spread to speak of, not a spread of 0
+    assert math.isnan(mean) and math.isnan(sd)
+    mean, sd = tables.mean_sd([1.0, math.inf])
+    assert mean == math.inf and math.isnan(sd)
+
+
+def test_one_seed_has_no_sd_and_regimes_stay_apart():
+    """A row of one run shows its value alone, not '± 0.0' (which would look certain); single runs of two regimes
+    are rows by regime, not Table 7's layout (whose change to lime would compare runs of different tasks)."""
+    task = {field: dataclasses.asdict(arithmetic.Task(field=field, count="operators", target="answer"))
+            for field in ("mod", "int")}
+
+    def run(router, seed, acc, field="mod"):
+        return dict(router=router, task=task[field], seed=seed, acc_4=0.9, acc_5=0.8, acc_6=acc)
+
+    mod = "| mod11-answer, tiers 4,5,6 operators |"
+    table = tables.results_table([run("lime", 0, 0.5), run("lime", 1, 0.7), run("none", 0, 0.2)])
+    assert f"{mod} lime | 2 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 14.1 | - |" in table
+    assert f"{mod} none | 1 | 90.0 | 80.0 | 20.0 | +40.0 |" in table
+    table = tables.results_table([run("lime", 0, 0.5), run("none", 0, 0.2, "int")])
+    assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
+    assert f"{mod} lime | 1 | 90.0 | 80.0 | 50.0 | - |" in table
+    assert "| int-answer, tiers 4,5,6 operators | none | 1 | 90.0 | 80.0 | 20.0 | - |" in table  # no lime of its own
+
+
+def test_what_the_seeds_of_one_setting_may_differ_in():
+    """As tables.py says: their seed, the run they start from (a fine-tune of each pretrained seed), how their length
+    was given, and where and how each one ran. Anything else (here lr) makes them two settings."""
+    may = ["init_from", "epochs", "warmup_epochs", "data_dir", "device", "dtype", "compile", "stop_at", "log_interval",
+           "micro_batch_size", "eval_interval"]
+    first = dict(router="lime", preset="tiny", max_steps=10, lr=1e-3, seed=0, out_dir="a")
+    for field in may:
+        pair = [{**first, field: "a's"}, {**first, field: "b's", "seed": 1, "out_dir": "b"}]
+        assert list(tables.by_setting(pair).values()) == [pair], field  # one setting, two seeds
+    with pytest.raises(cli.UsageError, match="differ in lr, not only in their seed"):
+        tables.by_setting([first, {**first, "lr": 1e-4, "seed": 1, "out_dir": "b"}])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bench
+import lime
 import train
 from conftest import assert_same_run, small_model, tiny_args, tokens
 
@@ -112,3 +113,96 @@ def test_a_benchmark_row_for_each(tmp_path):
     # Hyper-Connections keeps n = 4 copies of the stream for the backward; the others about none's activations
     assert rows["hc"]["memory_bytes"] > rows["hc-static"]["memory_bytes"] > rows["none"]["memory_bytes"]
     assert rows["dwa"]["memory_bytes"] < 1.05 * rows["none"]["memory_bytes"]
+
+
+def test_value_residual_adds_layer_0s_values_to_the_values_alone():
+    """Layer l > 0 attends with its own keys and with values v_l + lam * v_0 (per head): by hand, on K/V given to
+    the routing; and in the model, its attention output is linear in lam (the softmax of its own keys stays)."""
+    model = small_model("value-residual")  # 6 layers, 2 kv heads of head_dim 8: a K/V is [keys | values], 16 wide
+    lam = torch.tensor([[0.5], [-2.0]])
+    with torch.no_grad():
+        for router in model.routers[1:]:
+            router.lam.copy_(lam)
+    routing = lime.Routing(model.routers, model.readers)
+    g = torch.Generator().manual_seed(0)
+    kvs = [torch.randn(2, 3, 2, 16, generator=g) for _ in range(6)]
+    for layer, kv in enumerate(kvs):
+        expected = kv.clone()
+        if layer > 0:
+            expected[..., 8:] += lam * kvs[0][..., 8:]  # lam (n_kv, 1) against (B, T, n_kv, head_dim)
+        torch.testing.assert_close(routing(layer, kv, None), expected, rtol=0, atol=1e-6)
+    outs, idx = [], tokens()
+    hook = model.transformer.h[2].attn.register_forward_hook(lambda m, i, out: outs.append(out))
+    for value in (0.0, 1.0, 3.0):
+        with torch.no_grad():
+            model.routers[2].lam.fill_(value)
+            model(idx)
+    hook.remove()
+    torch.testing.assert_close(outs[2] - outs[0], 3 * (outs[1] - outs[0]), rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(outs[1], outs[0])
+
+
+def test_hyper_connections_start_as_the_paper_says():
+    """The initial values, by hand: sub-layer i reads stream i mod n, each stream goes on as it is (the identity) and
+    takes the whole output (beta 1); the dynamic part is zero behind gates of 0.01."""
+    hc = small_model("hc").residual  # 12 sub-layers, n = 4
+    alpha = torch.zeros(12, 4, 5)
+    for i in range(12):
+        alpha[i, i % 4, 0] = 1.0
+        alpha[i, :, 1:] = torch.eye(4)
+    assert torch.equal(hc.alpha, alpha) and torch.equal(hc.beta, torch.ones(12, 4))
+    assert not hc.alpha_fn.any() and not hc.beta_fn.any()
+    assert torch.equal(hc.alpha_scale, torch.full((12,), 0.01)) and torch.equal(hc.beta_scale, torch.full((12,), 0.01))
+
+
+def test_a_hyper_connection_as_the_paper_writes_it():
+    """One sub-layer of `hc`, by the paper's formulas, one token and stream at a time, with random connections:
+    Hn = H / rms(H) per stream, A = alpha + s_a tanh(Hn W_a), B = beta + s_b tanh(Hn w_b); the sub-layer reads
+    sum_j A[j, 0] H[j], and stream k goes on as B[k] f(that) + sum_j A[j, 1 + k] H[j]."""
+    hc = small_model("hc", n_embd=8, n_head=2, n_kv_head=2, norm_eps=1e-12).residual  # n = 4 streams of 8
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in hc.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    H = torch.randn(2, 3, 4, 8, generator=g, dtype=torch.float64)
+    W = torch.randn(8, 8, generator=g, dtype=torch.float64)
+
+    def f(x):  # the sub-layer: any map of (B, T, C)
+        return torch.tanh(x @ W)
+
+    i = 5
+    out = hc.double().add(i, H, f)
+    A0, B0, Wa, wb = hc.alpha[i], hc.beta[i], hc.alpha_fn[i], hc.beta_fn[i]
+    for b in range(2):
+        for t in range(3):
+            h = H[b, t]  # (n, C)
+            Hn = h / h.square().mean(-1, keepdim=True).sqrt()
+            A = A0 + hc.alpha_scale[i] * torch.tanh(Hn @ Wa)  # (n, n + 1)
+            B = B0 + hc.beta_scale[i] * torch.tanh(Hn @ wb)  # (n)
+            y = f(sum(A[j, 0] * h[j] for j in range(4)))
+            for k in range(4):
+                want = B[k] * y + sum(A[j, 1 + k] * h[j] for j in range(4))
+                torch.testing.assert_close(out[b, t, k], want, msg=f"{b} {t} {k}")
+
+
+def test_depth_weighted_averaging_as_the_paper_writes_it():
+    """DenseFormer, by hand: each block is h + attn(h), then + mlp(h); after block l the stream becomes
+    sum_j alpha_l[j] X_j over X_0 = the embedding and X_1..X_{l+1} the outputs of blocks 0..l (random alphas)."""
+    dwa = small_model("dwa", n_layer=3).residual
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for a in dwa.alphas:
+            a.copy_(torch.randn(a.shape, generator=g))
+    Ws = [torch.randn(32, 32, generator=g) / 32**0.5 for _ in range(6)]
+    fs = [lambda x, W=W: torch.tanh(x @ W) for W in Ws]  # sub-layer i: attention (even i) or MLP (odd i)
+    x = torch.randn(2, 3, 32, generator=g)
+    state = dwa.start(x)
+    for i, f in enumerate(fs):
+        state = dwa.add(i, state, f)
+    h, X = x, [x]
+    for l in range(3):
+        h = h + fs[2 * l](h)
+        h = h + fs[2 * l + 1](h)
+        X.append(h)
+        h = sum(dwa.alphas[l][j] * X[j] for j in range(l + 2))
+    torch.testing.assert_close(dwa.end(state), h)

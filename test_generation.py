@@ -1,8 +1,11 @@
 """Generation (generation.py): a batch of prompts of different lengths, sampling, stop, and the errors.
 That the KV cache gives what recomputation gives is a promise of every method: test_lime.py holds it."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import small_model, tokens
 from generation import generate
@@ -38,3 +41,56 @@ def test_generate_sampling_and_length_check():
         generate(model, tokens(T=4), 2, top_k=0)
     with pytest.raises(ValueError, match="temperature=-1"):
         generate(model, tokens(T=4), 2, temperature=-1)
+
+
+class Counter:
+    """A stand-in for a model whose next token is certain: the last token plus 1 (mod vocab)."""
+
+    def __init__(self, vocab=10, block_size=32):
+        self.config = SimpleNamespace(n_layer=1, block_size=block_size)
+        self.vocab = vocab
+
+    def __call__(self, idx, cache=None):
+        cache.pos += idx.shape[1]
+        return 10.0 * F.one_hot((idx + 1) % self.vocab, self.vocab).float(), None
+
+
+def test_stop_ends_the_batch_once_every_row_has_generated_it():
+    model = Counter()
+    # row 0 counts 1 2 3 and stops; row 1 goes on to 6 7 8 9 0 1 2 3, 8 new tokens, and then the batch ends
+    assert generate(model, torch.tensor([[0], [5]]), 20, temperature=0, stop=3).tolist() == [
+        [0, 1, 2, 3, 4, 5, 6, 7, 8], [5, 6, 7, 8, 9, 0, 1, 2, 3]]
+    # what the model predicts inside a row's prompt is not generated: row 1's prompt is 0 5 6, though the model
+    # predicted the stop token 1 after its 0; its first 1 is the one it generates after 6 7 8 9 0
+    prompts = torch.tensor([[0, 0, 0], [0, 5, 6]])
+    assert generate(model, prompts, 20, temperature=0, stop=1, lengths=[1, 3]).tolist() == [
+        [0, 1, 2, 3, 4, 5, 6, 7], [0, 5, 6, 7, 8, 9, 0, 1]]
+    assert generate(model, torch.tensor([[0]]), 5, temperature=0, stop=9).tolist() == [[0, 1, 2, 3, 4, 5]]  # never
+
+
+class Fixed:
+    """A stand-in for a model whose next-token distribution is always `probs`."""
+
+    def __init__(self, probs, block_size=32):
+        self.config = SimpleNamespace(n_layer=1, block_size=block_size)
+        self.logits = probs.log()
+
+    def __call__(self, idx, cache=None):
+        cache.pos += idx.shape[1]
+        return self.logits.expand(*idx.shape, -1), None
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, None), (2.0, 2), (1.0, 1), (0.7, 3)])
+def test_sampling_follows_the_temperature_and_top_k(temperature, top_k):
+    """Each token's frequency over many rows against p^(1/temperature) over the top_k tokens, renormalised
+    (seeded: the counts are the same at every run, 4 standard deviations or more from failing)."""
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])  # top 1: token 1; top 2: 1 and 3; top 3: 1, 3 and 2
+    expected = probs ** (1 / temperature)
+    if top_k is not None:
+        expected[probs.argsort(descending=True)[top_k:]] = 0
+    expected /= expected.sum()
+    torch.manual_seed(0)
+    out = generate(Fixed(probs), torch.zeros(4000, 1, dtype=torch.long), 1, temperature=temperature, top_k=top_k)
+    freq = torch.bincount(out[:, 1], minlength=4) / 4000
+    assert torch.all(freq[expected == 0] == 0)  # never a token outside the top k
+    assert (freq - expected).abs().max() < 0.03, (freq, expected)

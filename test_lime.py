@@ -349,7 +349,8 @@ def test_routing_saves_each_layer_once():
     assert saved_bytes(model, idx) > 1.3 * none
 
 
-@pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01"])
+@pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01", "last-J",
+                                 "hc-J"])  # (the forms as router_forms writes them are not values)
 def test_bad_router_strings(bad):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
@@ -536,3 +537,67 @@ def test_what_the_defaults_cannot_reach():
             small_model("shared")
     finally:
         del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name]
+
+
+def test_initial_weights_have_the_stated_scales():
+    """GPT-2's init (GPT.init_weights): the embedding and every Linear N(0, 0.02), the residual branches' outputs
+    (c_proj) N(0, 0.02 / sqrt(2 n_layer)), RMSNorm gains one. Over thousands of draws each, the sample sd is
+    within a few % of its std (seeded)."""
+    model = small_model("lime")  # 6 layers: c_proj's std 0.02 / sqrt(12) = 0.00577
+    proj = torch.cat([p.flatten() for n, p in model.named_parameters() if n.endswith("c_proj.weight")])
+    rest = torch.cat([p.flatten() for n, p in model.named_parameters() if n.endswith(("c_q.weight", "c_kv.weight",
+                                                                                      "c_fc.weight", "wte.weight"))])
+    assert proj.numel() == 6 * (32 * 32 + 64 * 32) and rest.numel() == 64 * 32 + 6 * (32 * 32 + 32 * 32 + 128 * 32)
+    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(12), rel=0.03)
+    assert rest.std().item() == pytest.approx(0.02, rel=0.03)
+    assert abs(proj.mean()) < 0.1 * proj.std() and abs(rest.mean()) < 0.1 * rest.std()
+    norms = [p for n, p in model.named_parameters() if "ln_" in n]
+    assert len(norms) == 2 * 6 + 1 and all(torch.equal(p, torch.ones_like(p)) for p in norms)
+
+
+def test_rope_rotates_each_pair_by_position_times_its_frequency():
+    """RoPE in complex numbers: the pair (x[i], x[i + head_dim/2]) as x[i] + 1j x[i + head_dim/2], times
+    exp(1j * position * theta^(-2i / head_dim)). Here head_dim 4 and theta 10000: frequencies 1 and 0.01."""
+    config = GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=2, n_kv_head=2, n_embd=8, mlp_hidden=8)
+    cos, sin = lime.rope_tables(config)
+    x = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))  # (B, heads, T, head_dim)
+    z = torch.complex(x[..., :2].double(), x[..., 2:].double())
+    angles = torch.arange(8.0, dtype=torch.float64)[:, None] * torch.tensor([1.0, 0.01], dtype=torch.float64)
+    z = z * torch.polar(torch.ones_like(angles), angles)
+    torch.testing.assert_close(lime.apply_rope(x, cos, sin), torch.cat([z.real, z.imag], -1).float())
+
+
+@pytest.mark.parametrize("mode", ["none", "lime"])
+def test_only_relative_positions_matter(mode):
+    """RoPE rotates queries and keys alike, so attention sees only how far apart two positions are: a sequence
+    placed 7 positions later (its RoPE tables shifted) gives the same logits. Without RoPE they differ."""
+    model, idx = small_model(mode), tokens()
+    want = model(idx)[0]
+    cos, sin = lime.rope_tables(small_config(mode, block_size=32 + 7))
+    model.rope_cos, model.rope_sin = cos[7:], sin[7:]
+    torch.testing.assert_close(model(idx)[0], want, rtol=1e-4, atol=1e-5)
+    model.rope_cos, model.rope_sin = torch.ones_like(cos[7:]), torch.zeros_like(sin[7:])  # no rotation at all
+    assert not torch.allclose(model(idx)[0], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", EVERY)
+def test_gradients_are_the_derivative(mode):
+    """Autograd's gradient against a central difference of the output, along a random direction in every parameter
+    (float64): what a stray .detach() or a wrong backward anywhere would break, in the routing and outside it."""
+    model, idx = small_model(mode).double(), tokens(T=8)
+    g = torch.Generator().manual_seed(0)
+    params = list(model.parameters())
+    with torch.no_grad():  # no path starts at zero (a gate, a per-token router's input map, the value residual's lam)
+        for p in params:
+            p.add_(0.02 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    probe = torch.randn(2, 8, 64, generator=g, dtype=torch.float64)  # the output: a random sum of the logits
+    direction = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+    (model(idx)[0] * probe).sum().backward()
+    along = sum((p.grad * d).sum() for p, d in zip(params, direction))
+    eps, value = 1e-5, {}
+    with torch.no_grad():
+        for step, sign in ((eps, "+"), (-2 * eps, "-")):
+            for p, d in zip(params, direction):
+                p.add_(step * d)
+            value[sign] = (model(idx)[0] * probe).sum()
+    torch.testing.assert_close(along, (value["+"] - value["-"]) / (2 * eps), rtol=2e-5, atol=0)  # ~4e-6 here

@@ -52,3 +52,21 @@ def test_pruned_model_equals_the_dense_routing_with_its_zeros(mode):
     model.reference_routing = True  # route_reference: the einsum over every source, zeros included
     torch.testing.assert_close(fast, model(idx)[0], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(fast, unpruned, atol=1e-4)  # the zeros do change what the model computes
+
+
+def test_top_p_at_its_edges():
+    """However small p is, a target head keeps its largest weight; ties keep their order however many there are
+    (an unstable sort reorders 17 or more); an earlier mask's drops stay dropped, whatever the weight."""
+    w = torch.tensor([[[4.0, -3.0], [2.0, 1.0]], [[-8.0, 1.0], [0.5, 0.5]]])
+    assert pruning.top_p_mask(w, 1e-12).tolist() == [[[True, False], [False, False]], [[True, False], [False, False]]]
+    ties = pruning.top_p_mask(torch.ones(2, 5, 4), 0.5)  # 20 equal weights per target head: the first 10
+    assert ties.flatten(1).tolist() == [[True] * 10 + [False] * 10] * 2
+    model = small_model("lime", n_layer=2)
+    name = "transformer.h.1.attn.router.weight"
+    with torch.no_grad():
+        model.routers[1].weight.copy_(w)
+    earlier = {name: torch.ones(2, 2, 2, dtype=torch.bool)}
+    earlier[name][0, 0, 0] = False  # the largest weight of head 0, dropped before
+    mask = pruning.prune_routers(model, 1.0, earlier)  # p = 1 alone keeps every weight
+    assert mask[name].flatten().tolist() == [False] + [True] * 7
+    assert torch.equal(model.routers[1].weight, w * mask[name])
