@@ -99,6 +99,15 @@ def route_map(model):
     return M
 
 
+def sources_read(model):
+    """(L, L) bools: whether layer l reads source layer j (its router's sources; its own layer alone without one)."""
+    L = model.config.n_layer
+    read = torch.zeros(L, L, dtype=torch.bool)
+    for l, block in enumerate(model.transformer.h):
+        read[l, block.attn.router.sources if block.attn.router is not None else [l]] = True
+    return read
+
+
 def print_layer_map(M):
     """An (L, L) map of shares as whole percentages, row = layer, column = source layer; NaN shows as '.'."""
     print("      " + "".join(f"{j:>4}" for j in range(len(M))))
@@ -111,7 +120,7 @@ def cmd_routes(args):
     if not model.routers and cfg.router != "none":
         raise UsageError(f"--router={cfg.router} works on the residual stream and routes no K/V: there is no map")
     M = route_map(model)
-    image = M.masked_fill(torch.ones_like(M, dtype=torch.bool).triu(1), float("nan"))  # later layers: blank
+    image = M.masked_fill(~sources_read(model), float("nan"))  # a source the layer does not read (a later one): blank
     note = " (the values; the keys are each layer's own)" * any(not r.keys for r in model.routers)
     note += " (the weights' part that is the same at every token)" * any(r.per_token for r in model.routers)
     print(f"router {cfg.router}{note}: row = layer, column = source layer, % of mean |weight|")

@@ -29,6 +29,8 @@ def test_route_map_rows_sum_to_one(mode):
         assert torch.equal(M, torch.eye(6))
     if mode == "first-2":
         assert torch.all(M[5, 2:5] == 0) and torch.all(M[5, [0, 1, 5]] > 0)
+    read = analyze.sources_read(small_model(mode))  # what `routes` shows; '.' elsewhere, not a learned 0
+    assert read.tolist() == (M > 0).tolist() and read[5].tolist() == [mode != "none"] * 2 + [mode == "lime"] * 3 + [True]
 
 
 def test_routes_command(arith_run, capsys):
