@@ -242,7 +242,7 @@ def cmd_probe(args):
     cfg, model = load(args.out_dir[0], args)
     if cfg.data == "arithmetic":
         raise UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
-                               "' was', ' were'")
+                         "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
     feats, labels = [[] for _ in range(cfg.n_layer)], []
     seqs = sequences(cfg, args.num_seqs + 1, args.seq_len)  # fewer where the validation set ends first; one more
