@@ -111,7 +111,7 @@ class Router(Method):
     Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
     """
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
-    keys = True  # False: it routes the values only, and the keys stay the layer's own (pulled too)
+    keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; value-residual's)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
@@ -373,7 +373,8 @@ class GPT(nn.Module):
         """Every initial value of the model, in one place:
           - the embedding (tied with the output head) and every Linear: normal, std 0.02;
           - except the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2,
-          - and the Linear maps inside a per-token router (`dynamic`'s `proj`): zero, so that it starts static;
+          - and the Linear maps inside a per-token router (ablations.py's `dynamic`: its `proj`): zero, so that it
+            starts static;
           - RMSNorm gains: one;
           - learned routers: the identity on the layer's own heads, so that training starts from
             LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
@@ -434,8 +435,8 @@ class GPT(nn.Module):
 
     def routing_weights(self):
         """Per layer l, (n_kv_head, l + 1, n_kv_head): [h, j, h'] the weight from head h' of
-        layer j into head h. Identity on the own layer where there is no router; for
-        `dynamic`, the token-independent part."""
+        layer j into head h. Identity on the own layer where there is no router; for a per-token
+        router (ablations.py's `dynamic`), the token-independent part."""
         return [(block.attn.router or Own(self.config, layer).to(self.rope_cos.device)).dense()
                 for layer, block in enumerate(self.transformer.h)]
 

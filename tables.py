@@ -110,20 +110,28 @@ def results_table(summaries, split="test"):
 
 
 def unshown_differences(rows):
-    """A note for under a table whose rows (by_setting's) differ in more than the router and regime they show: in
-    their preset, length, lr, depth... Each such field with every row's value; '' where there is none. A
-    comparison of methods trains them alike, and a table that is not one says so."""
+    """A note for under a table whose rows (by_setting's) of one regime differ in more than the router they show: in
+    their preset, length, lr, depth, or in starting from a run (--init-from)... Each such field with every row's
+    value; '' where there is none. A comparison of methods trains them alike, and a table that is not one says so.
+    Rows of different regimes are not compared: what the regime sets (a block or vocabulary that fits its data, as
+    grid.py gives each) may differ between them, and the table compares routers within a regime only."""
     aside = NOT_THE_SETTING | {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
-    settings = []
+    regimes = {}
     for (regime, router, preset, steps), runs in rows.items():
         config = runs[0] if "out_dir" in runs[0] else runs[0].get("config", {})  # (an older summary has none)
-        settings.append((router, dict({k: v for k, v in config.items() if k not in aside}, preset=preset, steps=steps)))
-    differ = [k for k in dict.fromkeys(k for _, setting in settings for k in setting)
-              if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
-    if not differ:
-        return ""
-    values = [f"{k} ({', '.join(f'{router} {s[k]}' for router, s in settings if k in s)})" for k in differ]
-    return "\n\nNOTE the rows differ in more than their router: " + "; ".join(values)
+        setting = {k: v for k, v in config.items() if k not in aside}
+        if "init_from" in config:  # (each seed starts from its own run: whether they do is the setting)
+            setting["init_from"] = bool(config["init_from"])
+        regimes.setdefault(regime, []).append((router, dict(setting, preset=preset, steps=steps)))
+    notes = []
+    for regime, settings in regimes.items():
+        differ = [k for k in dict.fromkeys(k for _, setting in settings for k in setting)
+                  if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
+        if differ:
+            values = [f"{k} ({', '.join(f'{router} {s[k]}' for router, s in settings if k in s)})" for k in differ]
+            which = f" of {regime}" if len(regimes) > 1 else ""
+            notes.append(f"\n\nNOTE the rows{which} differ in more than their router: " + "; ".join(values))
+    return "".join(notes)
 
 
 def single_run_table(summaries, metrics):

@@ -209,6 +209,26 @@ def test_a_table_of_routers_trained_differently_says_how(tmp_path):
     assert "NOTE" not in analyze.main(["table", *map(str, dirs[:2])])
 
 
+def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
+    """grid.py fits each regime's block and vocabulary to its data: rows of two regimes that differ in those alone
+    get no NOTE (every default grid's table did); rows of one regime do, and so does a row fine-tuned from a run
+    (--init-from, whose path differs seed by seed) beside one trained from scratch."""
+    def run(router, field, init_from="", lr=1e-3):
+        task = dataclasses.asdict(arithmetic.Task(field=field, count="operators", target="answer"))
+        config = dict(router=router, preset="arith", seed=1, max_steps=10, lr=lr, init_from=init_from,
+                      block_size=48 if field == "int" else 24, vocab_size=1008 if field == "int" else 24)
+        return dict(router=router, task=task, preset="arith", seed=1, steps=10, acc_4=0.5, config=config)
+
+    grid = [run(router, field) for field in ("int", "mod") for router in ("lime", "none")]
+    assert "NOTE" not in tables.results_table(grid)
+    table = tables.results_table([*grid[:3], run("none", "mod", lr=3e-3)])
+    assert table.endswith("|\n\nNOTE the rows of mod11-answer, tiers 4,5,6 operators differ in more than their "
+                          "router: lr (lime 0.001, none 0.003)")
+    table = tables.results_table([run("lime", "mod", init_from="out/lime-seed1"), run("none", "mod")])
+    assert table.endswith("|\n\nNOTE the rows differ in more than their router: init_from (lime True, none False)")
+    assert "NOTE" not in tables.results_table([run("lime", "mod", "out/a"), run("none", "mod", "out/b")])
+
+
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
     task = dataclasses.asdict(arithmetic.Task(field="mod", count="operators", target="answer"))
     dirs = []

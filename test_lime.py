@@ -360,6 +360,22 @@ def test_bad_router_strings(bad):
         GPTConfig(router=bad)
 
 
+def test_the_registry_is_in_the_order_of_its_modules():
+    """lime.py's methods, then ablations.py's, then baselines.py's, however the modules were imported: a process that
+    imports baselines.py first (which imports lime.py, not ablations.py) registers the baselines before the ablations."""
+    ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc-J", "hc-static-J", "dwa", "value-residual"]
+    held = dict(methods.ROUTERS)
+    try:
+        for baselines_first in (False, True):
+            methods.ROUTERS.clear()
+            methods.ROUTERS.update(sorted(held.items(), key=lambda item: (item[1].__module__ == "baselines")
+                                          != baselines_first))
+            assert [name for name in methods.registry() if name in ours] == ours
+    finally:
+        methods.ROUTERS.clear()
+        methods.ROUTERS.update(held)
+
+
 def test_bad_shapes():
     with pytest.raises(ValueError, match="n_kv_head=5 must divide n_head=12"):
         GPTConfig(n_kv_head=5)
