@@ -26,9 +26,19 @@ NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "d
                    "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
 
 
+def setting(config, aside=frozenset()):
+    """The part of a run's config that is its setting: all but NOT_THE_SETTING and `aside`, and whether it starts
+    from a run (which run is not the setting: each seed of a fine-tune starts from its own; whether is)."""
+    out = {k: v for k, v in config.items() if k not in NOT_THE_SETTING | aside}
+    if "init_from" in config and "init_from" not in aside:
+        out["init_from"] = bool(config["init_from"])
+    return out
+
+
 def differences(a, b, aside=frozenset()):
-    """The fields that two runs' configs both hold and differ in, beyond NOT_THE_SETTING and `aside`, sorted."""
-    return sorted(k for k in a.keys() & b.keys() - NOT_THE_SETTING - aside if a[k] != b[k])
+    """The fields of their setting that two runs' configs both hold and differ in, sorted."""
+    a, b = setting(a, aside), setting(b, aside)
+    return sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
 
 
 def by_setting(records, items=None):
@@ -115,17 +125,14 @@ def unshown_differences(rows):
     value; '' where there is none. A comparison of methods trains them alike, and a table that is not one says so.
     Rows of different regimes are not compared: what the regime sets (a block or vocabulary that fits its data, as
     grid.py gives each) may differ between them, and the table compares routers within a regime only."""
-    aside = NOT_THE_SETTING | {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
+    aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
     regimes = {}
     for (regime, router, preset, steps), runs in rows.items():
         config = runs[0] if "out_dir" in runs[0] else runs[0].get("config", {})  # (an older summary has none)
-        setting = {k: v for k, v in config.items() if k not in aside}
-        if "init_from" in config:  # (each seed starts from its own run: whether they do is the setting)
-            setting["init_from"] = bool(config["init_from"])
-        regimes.setdefault(regime, []).append((router, dict(setting, preset=preset, steps=steps)))
+        regimes.setdefault(regime, []).append((router, dict(setting(config, aside), preset=preset, steps=steps)))
     notes = []
     for regime, settings in regimes.items():
-        differ = [k for k in dict.fromkeys(k for _, setting in settings for k in setting)
+        differ = [k for k in dict.fromkeys(k for _, s in settings for k in s)
                   if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
         if differ:
             values = [f"{k} ({', '.join(f'{router} {s[k]}' for router, s in settings if k in s)})" for k in differ]

@@ -185,6 +185,14 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
         assert error_of(analyze.main, [command, *others], capsys).endswith(
             f"these runs of router lime differ in {says.split()[0]}, not only in their seed ({says}): a mean over "
             "seeds is of one setting")
+    scratch = tmp_path / "scratch"  # seed 0 again, from scratch: each seed of a fine-tune starts from its own run,
+    shutil.copytree(dirs[0], scratch)  # but a seed trained from scratch is another setting
+    summary = json.loads((scratch / "summary.json").read_text())
+    summary["seed"], summary["config"]["seed"], summary["config"]["init_from"] = 5, 5, ""
+    (scratch / "summary.json").write_text(json.dumps(summary))
+    assert error_of(analyze.main, ["table", dirs[0], str(scratch)], capsys).endswith(
+        "differ in init_from, not only in their seed (init_from 'init_from of run 0' in out_dir of run 0, '' in out_dir "
+        "of run 0): a mean over seeds is of one setting")
     (tmp_path / "old").mkdir()  # a summary from before summaries kept their config: it differs in nothing known
     (tmp_path / "old" / "summary.json").write_text(json.dumps(dict(router="lime", preset="tiny", seed=9, steps=10,
                                                                    val_ppl=2.0)))
