@@ -16,6 +16,7 @@ from runs import seed_group
 
 
 def relative_change(value, base):
+    """value against base in %, signed: '+3.36%' (Table 7's change to lime)."""
     return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
 
 
@@ -142,6 +143,8 @@ def unshown_differences(rows):
 
 
 def single_run_table(summaries, metrics):
+    """Table 7's layout, for one run per router: each run's metrics as saved, and their change relative to the
+    `lime` run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
     head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
     if base:
