@@ -36,6 +36,12 @@ def setting(config, aside=frozenset()):
     return out
 
 
+def config_of(record):
+    """A run's config from its record: a config.json is one, a summary holds one (if new; an older one has none: {},
+    which differs in nothing)."""
+    return record if "out_dir" in record else record.get("config", {})
+
+
 def differences(a, b, aside=frozenset()):
     """The fields of their setting that two runs' configs both hold and differ in, sorted."""
     a, b = setting(a, aside), setting(b, aside)
@@ -51,8 +57,8 @@ def by_setting(records, items=None):
     for record, item in zip(records, records if items is None else items):
         key = seed_group(record)
         which = f"router {key[1]}{', ' + key[0] if key[0] else ''}"
-        config = record if "out_dir" in record else record.get("config", {})  # a config.json, or a summary's (if new)
-        for other in configs.setdefault(key, []):  # (an older summary has none: {}, which differs in nothing)
+        config = config_of(record)
+        for other in configs.setdefault(key, []):
             differ = differences(config, other)
             if differ:
                 k = differ[0]
@@ -129,8 +135,8 @@ def unshown_differences(rows):
     aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
     regimes = {}
     for (regime, router, preset, steps), runs in rows.items():
-        config = runs[0] if "out_dir" in runs[0] else runs[0].get("config", {})  # (an older summary has none)
-        regimes.setdefault(regime, []).append((router, dict(setting(config, aside), preset=preset, steps=steps)))
+        regimes.setdefault(regime, []).append((router, dict(setting(config_of(runs[0]), aside), preset=preset,
+                                                            steps=steps)))
     notes = []
     for regime, settings in regimes.items():
         differ = [k for k in dict.fromkeys(k for _, s in settings for k in s)
