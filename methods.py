@@ -2,7 +2,7 @@
 What --router can name: the registry of cross-layer methods, and the forms its flag takes.
 
 A method is a lime.Router (how attention reads the K/V of earlier layers) or a lime.Residual (the
-stream between the sub-layers). A subclass of Method with a `name` joins ROUTERS as it is defined,
+stream between the sub-layers). A subclass of Method that states a `name` joins ROUTERS as it is defined,
 so a method is a --router value once its module is imported; nothing else lists them.
 
 NOTE a footgun: a module is imported only when something asks for it, so ROUTERS alone may lack
@@ -30,13 +30,20 @@ def registry():
 
 
 class Method(nn.Module):
-    """A cross-layer method. A subclass with a `name` adds itself to ROUTERS; a name ending in "-J"
-    takes a positive integer, `J` its default if any ('last-4'; 'hc' is 'hc-4')."""
+    """A cross-layer method. A subclass that states a `name` adds itself to ROUTERS (one that inherits its
+    parent's does not: a base class of a fork's methods is no --router value); a name ending in "-J" takes a
+    positive integer, `J` its default if any ('last-4'; 'hc' is 'hc-4'). A name taken by another class is an
+    error: else the class defined last would silently replace the other everywhere."""
     name, J = None, None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.name:
+        if cls.__dict__.get("name"):
+            held = ROUTERS.get(cls.name)
+            where = (cls.__module__, cls.__qualname__)
+            if held is not None and (held.__module__, held.__qualname__) != where:  # (a module imported again: same)
+                raise TypeError(f"two methods are named {cls.name!r}: {held.__module__}.{held.__qualname__} and "
+                                f"{'.'.join(where)}; rename one")
             ROUTERS[cls.name] = cls
 
     @classmethod

@@ -1,6 +1,6 @@
-"""The baselines (baselines.py): each starts as exactly the LLaMA baseline, learns, counts its
-parameters and FLOPs right, resumes bit-exactly and has a benchmark row. Shapes, causality, the
-KV cache and one compiled graph are test_lime.py's, which run over every method there is."""
+"""The baselines (baselines.py): each starts as exactly the LLaMA baseline, counts its parameters and
+FLOPs right, resumes bit-exactly and has a benchmark row. Shapes, causality, the KV cache, one compiled
+graph and that every parameter learns are test_lime.py's, which run over every method there is."""
 
 import json
 
@@ -47,21 +47,6 @@ def test_a_fresh_model_is_the_baseline(method):
         torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
     else:
         assert torch.equal(logits, want_logits)
-
-
-@pytest.mark.parametrize("method", BASELINES)
-def test_every_parameter_of_a_baseline_learns(method):
-    model = small_model(method)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    idx = tokens()
-    own = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("residual.") or "router" in n}
-    assert own
-    for _ in range(2):  # a gate that starts at zero has no gradient for its scale until it opens
-        opt.zero_grad()
-        model(idx, idx)[1].backward()
-        opt.step()
-    moved = [n for n, p in model.named_parameters() if n in own and not torch.equal(p, own[n])]
-    assert moved == list(own)
 
 
 def test_parameters_and_flops():

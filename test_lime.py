@@ -1,6 +1,6 @@
-"""The model and its routing: lime.py, ablations.py and kernels.py. A new router's test belongs here (see
-test_a_router_is_one_class: a router written in this file, trained, evaluated, pruned and
-benchmarked through the scripts' own code)."""
+"""The model and its routing: lime.py, ablations.py and kernels.py, and what every method of the registry promises
+(a fork's too). test_a_router_is_one_class: a router written in this file, trained, evaluated, pruned and
+benchmarked through the scripts' own code; a fork's module has a test file of its own (README "Fork it")."""
 
 import json
 import math
@@ -32,9 +32,8 @@ def methods_where(test=lambda cls: True):
 
 
 EVERY = methods_where()  # every --router name there is, the baselines' too (baselines.py)
-# those that route K/V (a Router's model routes nothing for `none`); with parameters of their own
+# those that route K/V (a Router's model routes nothing for `none`)
 ROUTED = methods_where(lambda cls: methods.satisfies(cls, lambda r: type(r) is not lime.Own))
-LEARNED = methods_where(lambda cls: methods.satisfies(cls, lambda r: any(True for _ in r.parameters())))
 # whose weights() is a Parameter (dynamic's: its token-independent part), set to the identity below
 STATED = methods_where(lambda cls: methods.satisfies(cls, lambda r: isinstance(r.weights(), torch.nn.Parameter)))
 
@@ -80,14 +79,23 @@ def test_kv_cache_generation_equals_recomputation(mode):
     torch.testing.assert_close(stepped, model(ref[:, :6])[0][:, -1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", LEARNED)
-def test_gradients_reach_router(mode):
-    model = small_model(mode)
-    idx = tokens()
-    model(idx, idx)[1].backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if "router" in n}
-    assert len(grads) >= model.config.n_layer - 1
-    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+@pytest.mark.parametrize("mode", EVERY)
+def test_every_parameter_of_a_method_learns_and_a_checkpoint_keeps_it(mode):
+    """Each parameter of the method (its routers', its residual stream's) moves in two SGD steps (a gate that starts
+    at zero has no gradient for its scale until it opens), and the state_dict holds all it learned: a model of
+    another seed that loads it gives the same logits (what --resume, sample.py and analyze.py rebuild a run from)."""
+    model, idx = small_model(mode), tokens()
+    ids = {id(p) for m in model.modules() if isinstance(m, methods.Method) for p in m.parameters()}
+    own = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in ids}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        model(idx, idx)[1].backward()
+        opt.step()
+    assert [n for n, p in model.named_parameters() if n in own and not torch.equal(p, own[n])] == list(own)
+    copy = small_model(mode, seed=1)
+    copy.load_state_dict(model.state_dict())
+    assert torch.equal(copy(idx)[0], model(idx)[0])
 
 
 def routed_model(mode, **kw):
@@ -424,8 +432,8 @@ def test_compiled_equals_eager():
 def previous_router():
     """A fork's router, written in this file alone (the README's "Fork it"); afterwards the registry is as it
     was (where a fork has pasted the README's `Previous` into ablations.py or a module of its own, it keeps
-    that one)."""
-    held = methods.ROUTERS.get("previous")
+    that one: set aside meanwhile, since a name is one class's)."""
+    held = methods.ROUTERS.pop("previous", None)
 
     class Previous(lime.Router):
         """Each head reads its own K/V and the same head's in the layer before, mixed by two learned numbers."""
@@ -457,11 +465,26 @@ def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
             del methods.ROUTERS[name]
     try:
         assert "hc" not in methods.ROUTERS
-        assert methods.router_forms().endswith("hc[-J], hc-static[-J], dwa or value-residual")
+        forms = re.split(", | or ", methods.router_forms())  # (a fork's module may come after baselines.py)
+        assert forms[forms.index("hc[-J]"):][:4] == ["hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
         assert methods.parse_router("hc")[1] == 4
     finally:
         methods.ROUTERS.clear()
         methods.ROUTERS.update(saved)  # the classes the other tests hold, in their order
+
+
+def test_a_name_is_one_method():
+    """A class that states a name another class holds is an error where it is defined: else it would replace that one
+    (here the paper's first-J) in every script. A subclass that states no name of its own is no --router value."""
+    First = methods.parse_router("first-2")[0]
+    with pytest.raises(TypeError, match=re.escape("two methods are named 'first-J': ablations.First and test_lime.")):
+        class Mine(lime.LIMe):
+            name = "first-J"
+
+    class Base(First):  # (a base for a fork's routers, say)
+        pass
+
+    assert methods.parse_router("first-2")[0] is First and Base not in methods.registry().values()
 
 
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
