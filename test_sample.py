@@ -28,6 +28,7 @@ def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
         assert ref[0].tolist() == ids
     lines = [l for l in capsys.readouterr().out.splitlines() if "tokens/s" in l]
     assert len(lines) == 8 and all(("[right]" in l) or ("[wrong, the answer is" in l) for l in lines)
+    assert ["warm-up" in l for l in lines] == [True, False, False, False] * 2  # the first speed of a call says so
 
 
 def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
