@@ -111,7 +111,8 @@ def results_table(summaries, split="test"):
     scale = {m: 100 if "acc" in m else 1 for m in metrics}  # accuracies in %
     digits = {m: 1 if "acc" in m else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
-    head += ["lime ahead, last tier (pts)"] if accuracy else []
+    ahead = accuracy and any(key[1] == "lime" for key in rows)  # (a column of dashes says nothing)
+    head += ["lime ahead, last tier (pts)"] if ahead else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stats = {key: [mean_sd([scale[m] * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
     for (regime, router, *rest), runs in rows.items():
@@ -119,7 +120,7 @@ def results_table(summaries, split="test"):
         for m, (mu, sd) in zip(metrics, stats[regime, router, *rest]):
             cells.append(f"{mu:.{digits[m]}f}" + (f" ± {sd:.{digits[m]}f}" if len(runs) > 1 else ""))
         lime = stats.get((regime, "lime", *rest))
-        if accuracy:  # the means at the last tier
+        if ahead:  # the means at the last tier
             cells.append("-" if lime is None or router == "lime" else
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")

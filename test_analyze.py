@@ -382,6 +382,9 @@ def test_one_seed_has_no_sd_and_regimes_stay_apart():
     assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
     assert f"{mod} lime | 1 | 90.0 | 80.0 | 50.0 | - |" in table
     assert "| int-answer, tiers 4,5,6 operators | none | 1 | 90.0 | 80.0 | 20.0 | - |" in table  # no lime of its own
+    table = tables.results_table([run("none", 0, 0.2), run("none", 1, 0.4)])  # no lime at all: no such column
+    assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 |"
+    assert f"{mod} none | 2 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 14.1 |" in table
 
 
 def test_what_the_seeds_of_one_setting_may_differ_in():
