@@ -427,6 +427,8 @@ def load(data_dir, trained_on=None):
         task = Task.from_meta(meta)
         regime(meta)  # (its seed and sizes are checked there)
         vocab = Vocab(meta["vocab"])
+        if vocab.itos != task.vocab():  # a token's id is its place in the task's: another order, another meaning
+            raise DataError("its vocabulary is not the task's")
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
     if trained_on:
@@ -444,9 +446,12 @@ def load(data_dir, trained_on=None):
         if not path.exists() or not path.stat().st_size:
             raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
         try:
-            splits[name] = path.read_text().splitlines()
+            text = path.read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"{path} cannot be read ({e}): {rebuild}") from None
+        if not text.endswith("\n"):  # each line ends with one, the last too: a copy or a disk cut it short
+            raise DataError(f"{path} is cut short (its last line has no end): {rebuild}")
+        splits[name] = text.splitlines()
     return vocab, splits, task, meta
 
 

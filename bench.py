@@ -431,7 +431,7 @@ def run_suite(args, argv, out):
         if "suite" not in old:
             raise UsageError(f"--json={args.json} holds figures that are not a suite's: give another file, or "
                              "--overwrite to replace them")
-        if not isinstance(old["suite"], list) or not all(isinstance(part, dict) and "part" in part
+        if not isinstance(old["suite"], list) or not all(isinstance(part, dict) and isinstance(part.get("part"), str)
                                                          for part in old["suite"]):
             raise DataError(f"{args.json} is not what this repo writes: its 'suite' is not a list of parts")
         held = old["device"], old["torch"], old["dtype"]

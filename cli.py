@@ -109,6 +109,9 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     except DataError as e:
         fail(script, f"error: {e}{data_hint(e)}", 1)
     except RuntimeError as e:  # out of memory: CUDA's (torch.OutOfMemoryError, a RuntimeError) or a CPU allocator's
+        if str(e).startswith("Symlink loop from "):  # Path.resolve() before Python 3.13, on a path given or read
+            fail(script, f"error: cannot follow {str(e).removeprefix('Symlink loop from ')}: a symbolic link on the "
+                         "way leads back to itself", 1)
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
             raise  # any other RuntimeError is a fault to see
         fail(script, f"error: out of memory ({' '.join(str(e).split())}): a smaller --micro-batch-size, --block-size "
@@ -182,6 +185,8 @@ def check_fields(config, name=str):
 def folder_problem(path):
     """Why `path` cannot be a folder to write in (its first existing part is a file, say), or None."""
     for p in [Path(path), *Path(path).parents]:
+        if p.is_symlink() and not p.exists():  # (mkdir would find the name taken, and stop with a traceback)
+            return f"{p} is a symbolic link to nothing (or back to itself)"
         if p.exists():
             if not p.is_dir():
                 return f"{p} is a file, not a folder"
@@ -202,6 +207,8 @@ def read_json(path, keys=()):
     except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise DataError(f"{path} is " + ("empty" if path.exists() and not path.stat().st_size else
                                          f"not valid JSON ({str(e).splitlines()[0]})")) from None
+    except RecursionError:  # brackets nested deeper than Python's parser goes ([[[[...): no file of ours
+        raise DataError(f"{path} is not what this repo writes: nested too deeply to read") from None
     if not isinstance(value, dict):
         raise DataError(f"{path} is not what this repo writes: not a JSON object")
     missing = [k for k in keys if k not in value]

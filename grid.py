@@ -129,6 +129,10 @@ def main(argv=None):
             prepare(Path(args.data_root) / name, task, args, generate=False)
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
                 for seed in seeds]
+        for name, router, seed, _ in runs:  # (a run's output goes to a file of that name, opened as it starts)
+            log = Path(args.out_dir) / name / f"{router}-seed{seed}" / "train.out"
+            if log.exists() and not log.is_file():
+                raise DataError(f"{log} is not a file but a run's output goes by that name: move it away")
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
         configs = {}
         for router in routers:

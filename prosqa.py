@@ -37,8 +37,8 @@ def check(path):
         raise DataError(f"{name} is missing from {Path(path).parent}") from None
     except OSError as e:
         raise DataError(f"{name} cannot be read ({e.strerror})") from None
-    except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
-        raise DataError(f"{name}: not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # a JSONDecodeError is a ValueError; nesting too
+        raise DataError(f"{name}: not valid JSON ({e})") from None  # deep to parse, a RecursionError
     if not isinstance(records, list) or not records:
         raise DataError(f"{name}: expected a non-empty JSON list of records")
     for i, r in enumerate(records):

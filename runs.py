@@ -319,9 +319,9 @@ def read_log(path, advice=""):
     for i, line in enumerate(lines):
         try:
             row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                raise ValueError("no step")
-        except ValueError:
+            if not isinstance(row, dict) or not (of_kind(row.get("step"), int) and 0 <= row["step"] < 2**63):
+                raise ValueError("no step")  # (a step is a whole number, not true, nor -5, nor 400 digits)
+        except (ValueError, RecursionError):  # (RecursionError: brackets nested deeper than json reads)
             if i < len(lines) - 1:
                 raise DataError(f"{path}, line {i + 1}: not a row of the log ({line[:40]!r}){advice}") from None
             notice = f"{path}: its last line was cut short, so it is dropped: {line[:40]!r}"
@@ -377,6 +377,7 @@ class Run:
         except (RuntimeError, ValueError, KeyError) as e:
             raise DataError(f"{where} holds an optimiser state its config does not describe "
                             f"({load_problem(e)})") from None
+        check_optimizer(optimizer, model, where)
         return ckpt["step"], mask
 
     def check_weights(self):
@@ -497,7 +498,7 @@ def read_checkpoint(out_dir):
     except Exception as e:
         raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None
     kinds = dict(model=dict, optimizer=dict, step=int, config=dict)
-    wrong = [k for k, kind in kinds.items() if not isinstance(ckpt, dict) or not isinstance(ckpt.get(k), kind)]
+    wrong = [k for k, kind in kinds.items() if not isinstance(ckpt, dict) or not of_kind(ckpt.get(k), kind)]
     if wrong and isinstance(ckpt, dict) and wrong[0] in ckpt:
         k = wrong[0]
         raise DataError(f"{path} is not a checkpoint of train.py: its {k!r} is of type {type(ckpt[k]).__name__}, "
@@ -508,6 +509,12 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
     if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
+    odd = next((name for name, t in ckpt["model"].items()  # (all weights: floating point, dense, with their data)
+                if not t.is_floating_point() or t.layout != torch.strided or t.is_meta), None)
+    if odd:
+        t = ckpt["model"][odd]
+        raise DataError(f"{path} is not a checkpoint of train.py: its {odd} is not a tensor of weights "
+                        f"({str(t.dtype).removeprefix('torch.')}, {str(t.layout).removeprefix('torch.')}, {t.device})")
     bad = next((name for name, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()), None)
     if bad:  # (train.py saves none: it stops at a loss that is not finite, keeping the checkpoint before it)
         raise DataError(f"{path} is damaged: its {bad} is not finite")
@@ -540,6 +547,32 @@ def pruning_mask(ckpt, model, path):
             torch.is_tensor(keep) and keep.dtype == torch.bool and keep.shape == want[k] for k, keep in mask.items())):
         raise DataError(f"{path}: its pruning mask ('router_mask') does not fit the model's router weights")
     return mask
+
+
+def check_optimizer(optimizer, model, where):
+    """What load_state_dict takes without a word but AdamW's first step would fail on (a traceback, once the run's
+    folder is rewritten) or diverge from: hyperparameters that are not numbers, moments missing or of another shape
+    than their weight (parameters in another order), not finite, or a second moment below 0. A DataError naming
+    `where` (the flag and file) and the weight."""
+    names = {p: name for name, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        betas = group.get("betas")
+        numbers = [*betas] if isinstance(betas, (list, tuple)) and len(betas) == 2 else [betas]
+        numbers += [group.get("eps"), group.get("weight_decay")]
+        if not all(of_kind(x, float) and math.isfinite(x) for x in numbers):
+            raise DataError(f"{where} holds an optimiser state its config does not describe (betas {betas!r}, eps "
+                            f"{group.get('eps')!r}, weight_decay {group.get('weight_decay')!r})")
+        for p in group["params"]:
+            state = optimizer.state.get(p) or {}  # (none: a weight that has had no step)
+            for key in ("exp_avg", "exp_avg_sq") if state else ():
+                t = state.get(key)
+                if not (torch.is_tensor(t) and t.is_floating_point() and t.shape == p.shape):
+                    shape = tuple(t.shape) if torch.is_tensor(t) else "none" if t is None else type(t).__name__
+                    raise DataError(f"{where} holds an optimiser state its config does not describe ({key} of "
+                                    f"{names.get(p)}: {shape}, not {tuple(p.shape)})")
+                if not t.isfinite().all() or key == "exp_avg_sq" and (t < 0).any():
+                    raise DataError(f"{where} is damaged: its optimiser state's {key} of {names.get(p)} is "
+                                    f"{'not finite' if not t.isfinite().all() else 'negative'}")
 
 
 def load_problem(e):
@@ -576,6 +609,8 @@ def check_config(config, path, cls):
     names = {f.name for f in dataclasses.fields(cls)}
     if "data" in names and "data" not in config:  # every run has saved it: its default would name other data
         raise DataError(f"{path}: its saved config names no data (no 'data')")
+    if "n_layer" not in config:  # nor its model's shape: GPTConfig's defaults would be another model
+        raise DataError(f"{path}: its saved config names no model (no 'n_layer')")
     values = {**dataclasses.asdict(cls()), **{k: v for k, v in config.items() if k in names}}
     where = ""
     try:
@@ -616,7 +651,8 @@ def read_record(path):
     DataError naming the file and the field otherwise."""
     record = read_json(path, keys=("router",))
     for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
-        if record.get(key) is not None and not isinstance(record[key], kind):
+        null = record.get(key) is None and key not in ("router", "config")  # (a router and a config are never null)
+        if key in record and not null and not of_kind(record[key], kind):
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
         top = 1 if re.fullmatch(r"(val_)?acc(_\d+)?", key) else math.inf if key in ("val_loss", "val_ppl") else None

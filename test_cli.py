@@ -396,6 +396,22 @@ def config_edit(**changes):
                                                                  **changes}))
 
 
+def edit_weight(change):
+    """One weight of the run's checkpoint changed: not its values, what kind of tensor holds them."""
+    name = "transformer.h.0.mlp.c_fc.weight"
+    return lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["model"].update({name: change(ckpt["model"][name])}))
+
+
+def edit_moments(change):
+    """AdamW's state of the first weight in the run's checkpoint, changed in place."""
+    return lambda d, r, t: edit_checkpoint(r, lambda ckpt: change(next(iter(ckpt["optimizer"]["state"].values()))))
+
+
+def deep(text):
+    """JSON nested deeper than Python's json parses (a RecursionError)."""
+    return "[" * 100_000 + text + "]" * 100_000
+
+
 DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: write(r / "ckpt.pt", b""), resume), 1,
      "ckpt.pt is empty (cut short while it was written?)"),
@@ -565,6 +581,73 @@ DAMAGED = [
     ("bench", then(lambda d, r, t: write(t / "s.json", '{"device": 1, "torch": 1, "dtype": 1, "suite": [1]}'),
                    lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
      "s.json is not what this repo writes: its 'suite' is not a list of parts"),
+    # what fuzzing the values and the structure of each file found (before: a traceback, a wrong exit code, or a run
+    # that began, rewriting its folder, and then failed)
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", deep("")), lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: nested too deeply to read"),
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 1}\n' + deep("") + '\n{"step": 2}\n'),
+                     lambda d, r, t: ["curves", str(r)]), 1, "log.jsonl, line 2: not a row of the log ('[[[["),
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 1%s}\n{"step": 2}\n' % ("0" * 400)),
+                     lambda d, r, t: ["curves", str(r)]), 1,
+     "log.jsonl, line 1: not a row of the log ('{\"step\": 100"),  # (a step of 401 digits: as a float, OverflowError)
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": null, "acc_4": 0.5}'),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: its 'router' is None"),
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "acc_4": 0.5, "config": null}'),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: its 'config' is None"),
+    ("analyze", then(lambda d, r, t: os.symlink(t / "loop", t / "loop"), lambda d, r, t: ["table", str(t / "loop")]), 1,
+     "a symbolic link on the way leads back to itself" if sys.version_info < (3, 13) else "loop/summary.json"),
+    # a folder to write in that is a link to itself: mkdir finds the name taken (after grid.py generated its data)
+    ("train", then(lambda d, r, t: os.symlink(t / "loop", t / "loop"), lambda d, r, t: tiny_args(d, t / "loop")), 2,
+     ("--out-dir=", "loop is a symbolic link to nothing (or back to itself)")),
+    ("grid", then(lambda d, r, t: os.symlink(t / "loop", t / "loop"),
+                  lambda d, r, t: ["--out-dir", str(t / "loop" / "g"), "--data-root", str(t / "root")]), 2,
+     "loop is a symbolic link to nothing (or back to itself)"),
+    ("grid", then(lambda d, r, t: (t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "train.out").mkdir(
+                      parents=True),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                                   str(t / "root"), "--out-dir", str(t / "g")]), 1,
+     "lime-seed1/train.out is not a file but a run's output goes by that name: move it away"),  # (once runs started)
+    ("prepare_data", then(lambda d, r, t: os.symlink(t / "nowhere", t / "link"),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(t / "link")]), 2,
+     "link is a symbolic link to nothing (or back to itself)"),
+    ("bench", then(lambda d, r, t: write(t / "s.json", '{"device": 1, "torch": 1, "dtype": 1, '
+                                                        '"suite": [{"part": [1]}]}'),
+                   lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
+     "s.json is not what this repo writes: its 'suite' is not a list of parts"),  # (a part named by a list: unhashable)
+    ("sample", then(edit_weight(lambda w: w.to_sparse()), lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt is not a checkpoint of train.py: its transformer.h.0.mlp.c_fc.weight is not a tensor of weights "
+     "(float32, sparse_coo, cpu)"),
+    ("analyze", then(edit_weight(lambda w: w.to("meta")), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
+     "c_fc.weight is not a tensor of weights (float32, strided, meta)"),
+    ("sample", then(edit_weight(lambda w: w.long()), lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "c_fc.weight is not a tensor of weights (int64, strided, cpu)"),  # (load_state_dict would cast it, silently)
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=True)),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt is not a checkpoint of train.py: its 'step' is of type bool, not int"),
+    ("train", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(config={})),
+                   lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+     ("--init-from: ", "ckpt.pt: its saved config names no model (no 'n_layer')")),  # (not a clash with --n-layer)
+    # the optimiser state, which AdamW's first step reads: a traceback or a loss of NaN after the folder was rewritten
+    ("train", then(on_the_copy, edit_moments(lambda s: s.update(exp_avg=s["exp_avg"][:1])), resume), 1,
+     ("--resume: ", "ckpt.pt holds an optimiser state its config does not describe (exp_avg of transformer.")),
+    ("train", then(on_the_copy, edit_moments(lambda s: s["exp_avg_sq"].fill_(-1.0)), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its optimiser state's exp_avg_sq of transformer.", " is negative")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
+        betas="x")), resume), 1, "ckpt.pt holds an optimiser state its config does not describe (betas 'x', eps "),
+    # a vocabulary in another order: the run's token ids would read as other tokens, its scores silently wrong
+    ("sample", then(on_the_copy, lambda d, r, t: write(d / "meta.json", json.dumps(
+        {**json.loads((d / "meta.json").read_text()), "vocab": arithmetic.Task().vocab()[::-1]})),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     ("meta.json is damaged (its vocabulary is not the task's): rebuild it with", "--overwrite`")),
+    # a split cut short mid-line, whose last line may still read as a sample (here '... = 1' for '... = 123')
+    ("train", then(lambda d, r, t: write(d / "train.txt", (d / "train.txt").read_bytes()[:-3]),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1,
+     ("train.txt is cut short (its last line has no end): rebuild it with", "--overwrite`")),
+    ("sample", then(on_the_copy, lambda d, r, t: write(d / "test_4.txt", (d / "test_4.txt").read_bytes()[:-1]),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     "test_4.txt is cut short (its last line has no end)"),
 ]
 
 

@@ -43,6 +43,7 @@ def test_prosqa_download_check_and_tokens(serve, tmp_path, offline_gpt2, capsys)
     (json.dumps([dict(question="Is Al a wu?", steps="Al is a wu.", answer="Al is a wu.")]).encode(),
      "record 0: 'steps' is not a list of texts"),
     (json.dumps({"question": "Is Al a wu?"}).encode(), "expected a non-empty JSON list"),
+    (b"[" * 100_000 + b"]" * 100_000, "prosqa_valid.json: not valid JSON (maximum recursion depth exceeded"),
 ])
 def test_corrupt_prosqa_file_is_reported_and_not_kept(serve, tmp_path, offline_gpt2, capsys, bad, message):
     server = serve({**prosqa_files(), "prosqa_valid.json": bad})
