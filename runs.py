@@ -515,7 +515,7 @@ def read_checkpoint(out_dir):
         t = ckpt["model"][odd]
         raise DataError(f"{path} is not a checkpoint of train.py: its {odd} is not a tensor of weights "
                         f"({str(t.dtype).removeprefix('torch.')}, {str(t.layout).removeprefix('torch.')}, {t.device})")
-    bad = next((name for name, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()), None)
+    bad = next((name for name, t in ckpt["model"].items() if not t.isfinite().all()), None)  # (all floating point now)
     if bad:  # (train.py saves none: it stops at a loss that is not finite, keeping the checkpoint before it)
         raise DataError(f"{path} is damaged: its {bad} is not finite")
     return ckpt
@@ -570,9 +570,10 @@ def check_optimizer(optimizer, model, where):
                     shape = tuple(t.shape) if torch.is_tensor(t) else "none" if t is None else type(t).__name__
                     raise DataError(f"{where} holds an optimiser state its config does not describe ({key} of "
                                     f"{names.get(p)}: {shape}, not {tuple(p.shape)})")
-                if not t.isfinite().all() or key == "exp_avg_sq" and (t < 0).any():
-                    raise DataError(f"{where} is damaged: its optimiser state's {key} of {names.get(p)} is "
-                                    f"{'not finite' if not t.isfinite().all() else 'negative'}")
+                negative = key == "exp_avg_sq" and (t < 0).any()  # (a second moment is a mean of squares)
+                wrong = "not finite" if not t.isfinite().all() else "negative" if negative else None
+                if wrong:
+                    raise DataError(f"{where} is damaged: its optimiser state's {key} of {names.get(p)} is {wrong}")
 
 
 def load_problem(e):
