@@ -656,14 +656,26 @@ def read_record(path):
         if key in record and not null and not of_kind(record[key], kind):
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
-        top = 1 if re.fullmatch(r"(val_)?acc(_\d+)?", key) else math.inf if key in ("val_loss", "val_ppl") else None
-        if top is not None and not (of_kind(value, float) and math.isfinite(value) and 0 <= value <= top):
-            raise DataError(f"{path} is not what this repo writes: its {key!r} is {value!r}")
+        fault = metric_fault(key, value)
+        if fault:
+            raise DataError(f"{path} is not what this repo writes: its {key!r} is {value!r}, {fault}")
     try:
         seed_group(record)
     except (DataError, ValueError, TypeError, KeyError) as e:
         raise DataError(f"{path} is not what this repo writes: its 'task' ({e})") from None
     return record
+
+
+def metric_fault(key, value, diverged=False):
+    """What is wrong with `value` as the metric `key` of a run, or None: an accuracy (acc, acc_4, val_acc_4) is a
+    share from 0 to 1, a loss or a perplexity a number from 0 up, with `diverged` also NaN or inf (the log's last
+    evaluation of a run that diverged: train.py stops after it). None for a key that is no metric."""
+    if re.fullmatch(r"(val_)?acc(_\d+)?", key):
+        return None if of_kind(value, float) and 0 <= value <= 1 else "not a share from 0 to 1"
+    if key in ("val_loss", "val_ppl"):
+        ok = of_kind(value, float) and (0 <= value < math.inf or diverged and not value < 0)  # (NaN < 0 is False)
+        return None if ok else "not a number from 0 up"
+    return None
 
 
 def seed_group(run):

@@ -270,7 +270,13 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     huge = tmp_path / "huge"  # JSON's integers have no limit; a float does
     shutil.copytree(dirs[0], huge)
     (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 1' + "0" * 400 + '}\n')
-    assert "step 100: val_loss is not a number (1000" in error_of(analyze.main, ["curves", str(huge)], capsys, code=1)
+    assert "step 100: val_loss is not a number from 0 up (1000" in error_of(analyze.main, ["curves", str(huge)], capsys,
+                                                                           code=1)
+    for row, fault in [('"val_loss": 0.5, "val_acc_6": 1.5', "val_acc_6 is not a share from 0 to 1 (1.5)"),  # as in a
+                       # summary.json; a loss of NaN or inf is what a diverged run logs last, but not one below 0
+                       ('"val_loss": -Infinity', "val_loss is not a number from 0 up (-inf)")]:
+        (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 0.5, "val_acc_6": 0.5}\n{"step": 200, %s}\n' % row)
+        assert f"step 200: {fault}" in error_of(analyze.main, ["curves", str(huge)], capsys, code=1)
     (huge / "summary.json").write_text(json.dumps(dict(router="lime", acc_4=10**400, val_loss=0.5)))
     assert "summary.json is not what this repo writes: its 'acc_4' is 1000" in error_of(
         analyze.main, ["table", str(huge)], capsys, code=1)
