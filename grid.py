@@ -160,6 +160,9 @@ def main(argv=None):
                 # and of these flags (what the grid fits to each regime's data aside)
                 other = differences(kept, configs[router], {"max_steps", "warmup_steps", "block_size", "vocab_size",
                                                             "task"})
+                for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
+                    if None not in (kept[k], configs[router][k]) and not of_kind(kept[k], type(configs[router][k])):
+                        raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
                 if other:
                     raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
                                      f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, so "

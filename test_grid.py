@@ -87,9 +87,10 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert snapshot(regime) == before
     lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
     config = json.loads((lime / "config.json").read_text())
-    (lime / "config.json").write_text(json.dumps({**config, "epochs": "0.5"}))
-    assert error_of(grid.main, args, capsys, code=1).endswith(
-        f"{lime / 'config.json'} is not what this repo writes: its 'epochs' is '0.5'")
+    for key, value in [("epochs", "0.5"), ("lr", "x"), ("n_layer", "2")]:
+        (lime / "config.json").write_text(json.dumps({**config, key: value}))
+        assert error_of(grid.main, args, capsys, code=1).endswith(
+            f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
     (lime / "config.json").write_text(json.dumps(config))
     shutil.copy(none / "summary.json", lime / "summary.json")
     assert error_of(grid.main, args, capsys, code=1).endswith(
