@@ -116,7 +116,7 @@ def results_table(summaries, split="test"):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stats = {key: [mean_sd([scale[m] * s[m] for s in runs]) for m in metrics] for key, runs in rows.items()}
     for (regime, router, *rest), runs in rows.items():
-        cells = [regime, router, str(len(runs))]
+        cells = [regime, row_name((regime, router, *rest), rows), str(len(runs))]
         for m, (mu, sd) in zip(metrics, stats[regime, router, *rest]):
             cells.append(f"{mu:.{digits[m]}f}" + (f" ± {sd:.{digits[m]}f}" if len(runs) > 1 else ""))
         lime = stats.get((regime, "lime", *rest))
@@ -125,6 +125,15 @@ def results_table(summaries, split="test"):
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + unshown_differences(rows)
+
+
+def row_name(key, keys):
+    """A row's router, with its preset or length where another row of its regime has the same router (by_setting's
+    rows differ in nothing else): 'lime (preset deep)'. `key`, each of `keys`: a row's seed_group."""
+    regime, router, preset, steps = key
+    twins = [k for k in keys if k[:2] == (regime, router)]
+    apart = [name for i, name in ((2, f"preset {preset}"), (3, f"{steps} steps")) if len({k[i] for k in twins}) > 1]
+    return f"{router} ({', '.join(apart)})" if apart else router
 
 
 def unshown_differences(rows):
@@ -153,12 +162,13 @@ def single_run_table(summaries, metrics):
     """Table 7's layout, for one run per router: each run's metrics as saved, and their change relative to the
     `lime` run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
+    keys = [seed_group(s) for s in summaries]
     head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
     if base:
-        head += [f"change to lime ({m})" for m in metrics]
+        head += [f"change to lime ({m})" for m in metrics]  # (with two lime rows: the one whose change is "-")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in summaries:
-        cells = [s["router"], *(show_value(m, s[m]) for m in metrics)]
+    for s, key in zip(summaries, keys):
+        cells = [row_name(key, keys), *(show_value(m, s[m]) for m in metrics)]
         if base:
             cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")

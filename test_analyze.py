@@ -161,6 +161,8 @@ def test_table_averages_over_seeds(tmp_path, capsys):
         (lang[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset=preset, steps=6000, val_ppl=ppl)))
     table = analyze.main(["table", *map(str, lang)])  # other presets are not seeds of one run: Table 7's layout
     assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 7
+    assert table.splitlines()[2:5] == ["| lime (preset 150m) | 15.9000 | - |",  # two rows of lime: named apart
+                                       "| lime (preset deep) | 14.0000 | -11.95% |", "| none | 16.4000 | +3.14% |"]
     assert table.endswith("\n\nNOTE the rows differ in more than their router: preset (lime 150m, lime deep, none 150m)")
     assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
@@ -229,6 +231,9 @@ def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
 
     grid = [run(router, field) for field in ("int", "mod") for router in ("lime", "none")]
     assert "NOTE" not in tables.results_table(grid)
+    table = tables.results_table([*grid, {**grid[2], "steps": 20}])  # two rows of lime in a regime: named apart
+    assert "| mod11-answer, tiers 4,5,6 operators | lime (10 steps) | 1 |" in table
+    assert "| mod11-answer, tiers 4,5,6 operators | lime (20 steps) | 1 |" in table and "| lime | 1 |" in table
     table = tables.results_table([*grid[:3], run("none", "mod", lr=3e-3)])
     assert table.endswith("|\n\nNOTE the rows of mod11-answer, tiers 4,5,6 operators differ in more than their "
                           "router: lr (lime 0.001, none 0.003)")
