@@ -18,7 +18,7 @@ import methods
 import sample
 import train
 from bench import saved_bytes
-from conftest import small_config, small_model, tiny_args, tokens
+from conftest import assert_same_run, small_config, small_model, tiny_args, tokens
 from generation import KVCache, generate
 from lime import GPT, GPTConfig
 
@@ -96,6 +96,23 @@ def test_every_parameter_of_a_method_learns_and_a_checkpoint_keeps_it(mode):
     copy = small_model(mode, seed=1)
     copy.load_state_dict(model.state_dict())
     assert torch.equal(copy(idx)[0], model(idx)[0])
+
+
+@pytest.mark.parametrize("mode", EVERY)
+def test_resume_is_exact(mode, answer_dir, tmp_path, capsys):
+    """train.py's 2 steps in one go equal 1 step, a stop and 1 step resumed: losses, log rows and weights, bit for bit
+    (the method's parameters, their optimiser state and anything else it keeps). The run states the method's parameters
+    where they are: a Residual's as the residual stream's, a Router's as the router's."""
+    args = ("--router=" + mode, "--n-layer=3", "--max-steps=2", "--eval-interval=2")  # 3 layers: last-2 is not lime
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(answer_dir, whole, *args))
+    train.main(tiny_args(answer_dir, parts, *args, "--stop-at=1"))
+    train.main(tiny_args(answer_dir, parts, *args, "--resume"))
+    assert_same_run(parts, whole)
+    summary = json.loads((whole / "summary.json").read_text())
+    part = "residual" if issubclass(methods.parse_router(mode)[0], lime.Residual) else "router"
+    assert summary["router"] == mode and f"M parameters, {part.replace('residual', 'residual stream')} " \
+        f"{summary['parameters'][part]:,};" in capsys.readouterr().out
 
 
 def routed_model(mode, **kw):
