@@ -154,10 +154,18 @@ class Router(Method):
 
     @classmethod
     def probe(cls):
-        """This router at layer 1 of a tiny model (J = 1), to read its capabilities from (methods.satisfies)."""
-        tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=2, n_head=1, n_kv_head=1, n_embd=2, mlp_hidden=1,
+        """This router at layer 2 of a tiny model with 2 kv heads and J as --router gives it (its default, else 2;
+        None for a name without -J), to read its capabilities from (methods.satisfies, which probes every method where
+        their forms are listed). A router that refuses this shape is an error naming it: it defines its own probe()."""
+        tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=3, n_head=2, n_kv_head=2, n_embd=4, mlp_hidden=1,
                          router="none")
-        return cls(tiny, 1, 1)
+        J = (cls.J or 2) if (cls.name or "").endswith("-J") else None
+        try:
+            return cls(tiny, 2, J)
+        except Exception as e:  # (chained: the traceback still shows where it refused)
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} cannot be built at layer 2 with 2 kv heads and J={J} "
+                            f"({type(e).__name__}: {e}): give it a probe(), a classmethod that returns an instance to "
+                            f"read its capabilities from (lime.Router.probe)") from e
 
 
 class Own(Router):

@@ -595,6 +595,36 @@ def test_what_the_defaults_cannot_reach():
         del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name]
 
 
+def test_what_a_router_can_do_is_read_from_a_shape_it_takes(monkeypatch):
+    """methods.satisfies reads what a router can do (prunable, ...) from lime.Router.probe's instance, of every method
+    wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J of 2
+    takes the probe's shape; one that refuses it is named in the error, with what to do."""
+    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the classes below register in a copy: gone after
+
+    class Pairs(lime.LIMe):
+        name = "pairs-J"
+
+        def __init__(self, config, layer, J=None):
+            assert config.n_kv_head >= 2 and J >= 2, "pairs of heads, J of at least 2"
+            super().__init__(config, layer, J)
+
+    assert "pairs-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+
+    class Quads(lime.LIMe):
+        name = "quads"
+
+        def __init__(self, config, layer, J=None):
+            if config.n_kv_head % 4:
+                raise ValueError("groups of 4 heads")
+            super().__init__(config, layer, J)
+
+    with pytest.raises(TypeError, match=r"test_lime\.test_.*\.Quads cannot be built at layer 2 with 2 kv heads and "
+                                        r"J=None \(ValueError: groups of 4 heads\): give it a probe\(\)"):
+        methods.router_forms(lambda r: r.prunable)
+    Quads.probe = classmethod(lambda cls: cls(small_config("none", n_kv_head=4), 2))  # what the error asks for
+    assert "quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+
+
 def test_initial_weights_have_the_stated_scales():
     """GPT-2's init (GPT.init_weights): the embedding and every Linear N(0, 0.02), the residual branches' outputs
     (c_proj) N(0, 0.02 / sqrt(2 n_layer)), RMSNorm gains one. Over thousands of draws each, the sample sd is
