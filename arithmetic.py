@@ -342,6 +342,23 @@ def damaged_line(path, i, e, meta):
                      f"`{command(regime(meta), Path(path).parent)} --overwrite`")
 
 
+def line_problem(task, line, tiers, solve):
+    """Why `line` is not a sample of `task` in one of `tiers`, or None: its expression's operators and its '='s, and
+    with `solve` its expression and solution, worked out again (a split that is scored: its answers the regime's)."""
+    steps = line.split(" = ")
+    expr = task.parse(steps[0]) if solve else None  # (DataError: not an expression, or a step the regime forbids)
+    n, ops = sum(map(steps[0].count, OPS)), [k - (task.count == "operands") for k in tiers]
+    if n not in ops:
+        return f"its expression has {n} operators, not {' or '.join(map(str, ops))} as in meta.json's tier" \
+               f"{'s' * (len(tiers) > 1)} {','.join(map(str, tiers))} {task.count}"
+    if len(steps) - 1 != (n if task.target == "steps" else 1):
+        return f"it has {len(steps) - 1} '=', where meta.json's target {task.target} writes " \
+               f"{n if task.target == 'steps' else 1} for its {n} operators"
+    right = task.solution(expr) if solve else line
+    return None if right == line else f"its solution is not the one of meta.json's regime {task.name}, which " \
+                                      f"ends '= {right.rsplit(' = ', 1)[-1]}'"
+
+
 def holds(data_dir):
     """The regime (see regime()) of the data in data_dir, or None where it holds none of the task's
     files; a DataError where they are unfinished or damaged."""
@@ -351,10 +368,22 @@ def holds(data_dir):
     return regime(load(data_dir)[3])
 
 
+def first_change(data_dir, data):
+    """'line 7 of its train.txt': where data_dir first differs from `data` ({name: lines}); None where it holds it."""
+    for name, lines in data.items():
+        path = Path(data_dir) / f"{name}.txt"
+        there = path.read_text().splitlines() if path.exists() else []  # (as load() reads it)
+        if there != lines:
+            i = next((i for i, (a, b) in enumerate(zip(there, lines)) if a != b), min(len(there), len(lines)))
+            return f"line {i + 1} of its {path.name}"
+    return None
+
+
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
     """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished (cut short
-    while it was generated), and is generated again. The same data there already is kept as it is; other
-    data, or data that cannot be read, is replaced only with `overwrite`, a UsageError otherwise."""
+    while it was generated), and is generated again. The same data there already (made again, and compared line by
+    line) is kept as it is; other data, data that cannot be read, or lines damaged or edited, is replaced only with
+    `overwrite`, a UsageError otherwise."""
     data_dir, want = Path(data_dir), {**dataclasses.asdict(task), "seed": seed, "train_size": train_size,
                                       "test_size": test_size}
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, so generated again)
@@ -363,6 +392,10 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
         except DataError as e:
             raise UsageError(f"{data_dir} holds arithmetic data that cannot be read ({e}): give another "
                              "--data-dir, or --overwrite to replace it") from None
+        change = have == want and first_change(data_dir, generate(task, seed, train_size, test_size))
+        if change:  # meta.json says this data, a file says otherwise: a line cut, edited or lost
+            raise UsageError(f"{data_dir} holds damaged or edited data: {change} is not that of {describe(have)}, "
+                             "which its meta.json names: give another --data-dir, or --overwrite to replace it")
         if have == want:
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
@@ -412,7 +445,8 @@ def load(data_dir, trained_on=None):
     """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task, meta). A folder written
     before the validation split existed has none. trained_on: the regime a run's config names (a dict);
     a folder that holds another is a DataError, not a score on the wrong task. So is a folder that is
-    unfinished or damaged: meta.json missing or unreadable, a split missing or empty."""
+    unfinished or damaged: meta.json missing or unreadable, a split missing or empty, a line of another regime
+    than meta.json names (see line_problem)."""
     data_dir = Path(data_dir)
     rebuild = f"rebuild it with `{command(trained_on, data_dir)} --overwrite`" if trained_on else \
         f"rebuild it with `python prepare_data.py arithmetic --data-dir {data_dir} --overwrite` and its flags"
@@ -452,6 +486,15 @@ def load(data_dir, trained_on=None):
         if not text.endswith("\n"):  # each line ends with one, the last too: a copy or a disk cut it short
             raise DataError(f"{path} is cut short (its last line has no end): {rebuild}")
         splits[name] = text.splitlines()
+        # a line of another regime than meta.json's (target, count, tiers): one line, not a run scored on the wrong one
+        tiers = task.tiers if name == "train" else (int(name.split("_")[1]),)
+        for i, line in enumerate(splits[name]):
+            try:
+                problem = line_problem(task, line, tiers, solve=name != "train")  # (solving train: 2 s at 150k lines)
+            except DataError as e:
+                problem = str(e)
+            if problem:
+                raise damaged_line(path, i, problem, meta)
     return vocab, splits, task, meta
 
 

@@ -45,7 +45,8 @@ def write_shard(path, tokens):
 
 
 def check_shard(path):
-    """Raise DataError unless `path` has a valid header and exactly the tokens it announces."""
+    """The tokens of `path`, counted: DataError unless it has a valid header and exactly the tokens it announces,
+    at least one."""
     name = Path(path).name.removesuffix(".part")
     try:
         with open(path, "rb") as f:
@@ -54,6 +55,8 @@ def check_shard(path):
         raise DataError(f"{name}: cannot be read ({e.strerror})") from None
     if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:
         raise DataError(f"{name}: not a token shard (bad magic or version in the header)")
+    if header[2] < 1:  # (a shard of no tokens trains on nothing)
+        raise DataError(f"{name}: holds no tokens (its header announces {header[2]})")
     expected = HEADER_BYTES + 2 * int(header[2])
     size = os.path.getsize(path)
     if size != expected:

@@ -123,7 +123,7 @@ def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL, overwrite=False):
     for name in names:
         dest = Path(data_dir) / name
         fetched = download(f"{base_url.rstrip('/')}/{name}", dest, verify=check_shard, overwrite=overwrite)
-        print(f"{dest}: {check_shard(dest):,} tokens{'' if fetched else ' (already there)'}")
+        print(f"{dest}: {kept_shard(dest):,} tokens{'' if fetched else ' (already there)'}")  # (fetched: checked)
 
 
 def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1, overwrite=False):
@@ -132,19 +132,38 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
     shards = {split: Path(data_dir) / f"shakespeare_{split}_000000.bin" for split in ("train", "val")}
     if all(p.exists() for p in shards.values()) and not overwrite:
         for path in shards.values():
-            print(f"{path}: {check_shard(path):,} tokens (already there)")
+            print(f"{path}: {kept_shard(path):,} tokens (already there)")
         return
-    download(url, text_path, overwrite=overwrite)
+    download(url, text_path, verify=lambda part: split_text(part, val_fraction), overwrite=overwrite)
+    parts = split_text(text_path, val_fraction)  # (one downloaded, or one of your own put there)
     enc = enc or gpt2_encoding()
-    try:
-        text = text_path.read_text(encoding="utf-8")  # (one downloaded, or one of your own put there)
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{text_path} cannot be read as UTF-8 text ({e})") from None
-    cut = int(len(text) * (1 - val_fraction))
-    for split, part in (("train", text[:cut]), ("val", text[cut:])):
+    for split, part in zip(shards, parts):
         tokens = [enc.eot_token] + enc.encode_ordinary(part)  # documents start with end-of-text
         write_shard(shards[split], tokens)
         print(f"{shards[split]}: {len(tokens):,} tokens")
+
+
+def split_text(path, val_fraction):
+    """(train text, val text) of the file at `path`: DataError unless it is UTF-8 with text for both."""
+    name = Path(str(path).removesuffix(".part"))  # (a download is checked before it takes its name)
+    fix = "" if name != Path(path) else ": put a text there, or --overwrite to download it again"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{name} cannot be read as UTF-8 text ({e}){fix}") from None
+    cut = int(len(text) * (1 - val_fraction))
+    if not text[:cut] or not text[cut:]:  # (a shard of the end-of-text token alone trains on nothing)
+        raise DataError((f"{name} is empty" if not text else f"{name} holds only {len(text)} character(s), too few "
+                         "for a train and a val split") + fix)
+    return text[:cut], text[cut:]
+
+
+def kept_shard(path):
+    """check_shard of a shard made or downloaded before: a damaged one says how to replace it."""
+    try:
+        return check_shard(path)
+    except DataError as e:
+        raise DataError(f"{e}: --overwrite replaces it") from None
 
 
 def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):

@@ -15,7 +15,7 @@ import torch
 import arithmetic
 import prepare_data
 from cli import DataError
-from conftest import error_of
+from conftest import ANSWERS, error_of
 from data import evaluate
 from lime import GPT, GPTConfig
 
@@ -299,3 +299,61 @@ def test_data_of_another_range_of_numbers_says_so(tmp_path):
         "val a tier), but the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a "
         f"tier): give --data-dir the run's data, or rebuild it with `python prepare_data.py arithmetic --data-dir "
         f"{tmp_path} --field int --count operands --tiers 4,5,6 --target steps --train-size 5 --test-size 2 --overwrite`")
+
+
+@pytest.mark.parametrize("task, edit, message", [
+    (arithmetic.Task(), dict(target="answer"),
+     "train.txt, line 1: not a sample of the task (it has 3 '=', where meta.json's target answer writes 1 for its 3 "
+     "operators)"),
+    (ANSWERS, dict(target="steps"),
+     "train.txt, line 1: not a sample of the task (it has 1 '=', where meta.json's target steps writes 2 for its 2 "
+     "operators)"),
+    (arithmetic.Task(), dict(count="operators"),
+     "train.txt, line 1: not a sample of the task (its expression has 3 operators, not 4 or 5 or 6 as in meta.json's "
+     "tiers 4,5,6 operators)"),
+    (ANSWERS, dict(count="operands", tiers=[3, 4]),  # (train fits both: each test file holds its tier alone)
+     "test_3.txt, line 1: not a sample of the task (its expression has 3 operators, not 2 as in meta.json's tier 3 "
+     "operands)"),
+    (ANSWERS, dict(field="int", max_operand=10, max_value=10),  # mod 11's numbers, the same vocabulary
+     "test_2.txt, line 1: not a sample of the task (0 - ( 1 + 9 ) does not give a whole number in 0..10, as the task "
+     "requires)")])
+def test_a_meta_json_of_another_regime_than_its_lines_is_one_error(tmp_path, task, edit, message):
+    """meta.json edited to another target, count or field than its lines hold: training used to score them as that
+    regime, silently (the first step of a solution as its answer; a file of one tier as another)."""
+    arithmetic.prepare(tmp_path, task, seed=0, train_size=20, test_size=3)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, **edit}))
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=64, eval_samples=3, preset="arith", task=None)
+    for read in (lambda: arithmetic.load(tmp_path), lambda: arithmetic.Data(cfg)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value).startswith(f"{tmp_path}/{message}") and str(e.value).endswith(" --overwrite`"), e.value
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert arithmetic.load(tmp_path)[2] == task  # the lines as they were made: read
+
+
+def answer_changed(line):
+    expr, answer = line.rsplit(" ", 1)
+    return f"{expr} {int(answer) % 999 + 1}"  # (another number of the task's)
+
+
+@pytest.mark.parametrize("damage, where", [
+    (lambda lines: lines[:4] + [answer_changed(lines[4])] + lines[5:], "line 5 of its train.txt"),
+    (lambda lines: lines[:4] + lines[5:], "line 5 of its train.txt"),  # a line lost
+    (lambda lines: lines + lines[:1], "line 91 of its train.txt")])  # a line too many
+def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(tmp_path, capsys, damage, where):
+    """prepare_data.py used to say 'holds this data already' of a folder whose meta.json names the data asked for,
+    whatever its lines held: it compares them with the data it makes, and says where they differ."""
+    folder = tmp_path / "data"
+    args = ["arithmetic", "--data-dir", str(folder), "--count=operands", "--train-size", "30", "--test-size", "4"]
+    prepare_data.main(args)
+    made = {p.name: p.read_bytes() for p in folder.iterdir()}
+    (folder / "train.txt").write_text("\n".join(damage((folder / "train.txt").read_text().splitlines())) + "\n")
+    damaged = {p.name: p.read_bytes() for p in folder.iterdir()}
+    err = error_of(prepare_data.main, args, capsys)
+    assert err == f"prepare_data.py: error: {folder} holds damaged or edited data: {where} is not that of int-steps, " \
+                  "tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier), which its meta.json names: give " \
+                  "another --data-dir, or --overwrite to replace it"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == damaged
+    prepare_data.main(args + ["--overwrite"])
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == made

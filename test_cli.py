@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ import runs
 import sample
 import train
 from conftest import PRUNABLE, error_of, snapshot, tiny_args
-from data import write_shard
+from data import MAGIC, write_shard
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
     names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
@@ -407,6 +408,19 @@ def edit_moments(change):
     return lambda d, r, t: edit_checkpoint(r, lambda ckpt: change(next(iter(ckpt["optimizer"]["state"].values()))))
 
 
+def meta_edit(**changes):
+    """The data's meta.json edited by hand: it names another regime than its lines are."""
+    return lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()), **changes}))
+
+
+def edit_lines(path, edit):
+    """The lines of a file edited: edit(list of lines, each with its end) -> lines."""
+    write(path, "".join(edit(Path(path).read_text().splitlines(True))))
+
+
+NO_TOKENS = struct.pack("<3i", MAGIC, 1, 0).ljust(1024, b"\0")  # a token shard's header announcing 0 tokens
+
+
 def deep(text):
     """JSON nested deeper than Python's json parses (a RecursionError)."""
     return "[" * 100_000 + text + "]" * 100_000
@@ -435,7 +449,10 @@ DAMAGED = [
     ("sample", then(lambda d, r, t: write(d / "val_4.txt", " + ".join(["1"] * 60) + " = 60\n" +
                                           "".join((d / "val_4.txt").read_text().splitlines(True)[1:])),
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
-     "holds a sample of 122 tokens, longer than the model's block_size="),  # (a flag cannot make it fit)
+     "val_4.txt, line 1: not a sample of the task (its expression has 59 operators, not 3 as in meta.json's tier 4 "
+     "operands): rebuild it with `python prepare_data.py arithmetic --data-dir "),  # (not a sample of 122 tokens)
+    ("sample", then(hand_edit(block_size=16), lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
+     "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
                    lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),
     ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()),
@@ -448,14 +465,14 @@ DAMAGED = [
     ("train", then(lambda d, r, t: (d / "test_5.txt").unlink(), lambda d, r, t: tiny_args(d, t / "run")), 1,
      "test_5.txt is missing"),
     ("train", then(lambda d, r, t: write(d / "val_4.txt", "1 + x = 3\n"), lambda d, r, t: tiny_args(d, t / "run")), 1,
-     ("val_4.txt, line 1: not a sample of the task ('x' is not in the task vocabulary", "--overwrite`")),
+     ("val_4.txt, line 1: not a sample of the task (expected a number, got 'x' in '1 + x')", "--overwrite`")),
     # sample.py's prompts are test lines: one that is not a sample is the file's fault, not a traceback or --start's
     ("sample", then(on_the_copy, lambda d, r, t: [write(p, "1 + x = 3\n") for p in d.glob("test_*.txt")],
                     lambda d, r, t: ["--out-dir", str(r), "--num-samples", "1"]), 1,
      ("txt, line 1: not a sample of the task (expected a number, got 'x'", "--overwrite`")),
     ("sample", then(on_the_copy, lambda d, r, t: [write(p, "( 7 + *\n") for p in d.glob("test_*.txt")],
                     lambda d, r, t: ["--out-dir", str(r), "--num-samples", "1"]), 1,
-     "txt, line 1: not a sample of the task (invalid literal for int()"),
+     "txt, line 1: not a sample of the task (expected a number, got '*' in '( 7 + *')"),
     ("train", lambda d, r, t: ["--preset=tiny", f"--data-dir={t / 'arithmetc-quick'}", f"--out-dir={t / 'run'}"], 1,
      "no arithmetic data in"),  # a mistyped folder is not generated
     ("train", then(lambda d, r, t: (write(t / "lang" / "x_train_000000.bin", bytes(1100)),
@@ -649,6 +666,38 @@ DAMAGED = [
     ("sample", then(on_the_copy, lambda d, r, t: write(d / "test_4.txt", (d / "test_4.txt").read_bytes()[:-1]),
                     lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
      "test_4.txt is cut short (its last line has no end)"),
+    # a meta.json that names another regime than its lines are: not a run trained and scored on the wrong one
+    ("train", then(meta_edit(target="answer"), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     ("train.txt, line 1: not a sample of the task (it has 3 '=', where meta.json's target answer writes 1 for its 3 "
+      "operators): rebuild it with `python prepare_data.py arithmetic --data-dir ", "--target answer", "--overwrite`")),
+    ("train", then(meta_edit(count="operators"), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "train.txt, line 1: not a sample of the task (its expression has 3 operators, not 4 or 5 or 6 as in meta.json's "
+     "tiers 4,5,6 operators)"),
+    ("train", then(meta_edit(tiers=[4, 5]), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "train.txt, line 201: not a sample of the task (its expression has 5 operators, not 3 or 4 as in meta.json's "
+     "tiers 4,5 operands)"),
+    # a scored line's answer edited: solved again, not scored against the wrong answer
+    ("train", then(lambda d, r, t: edit_lines(d / "val_5.txt", lambda lines: [
+        re.sub(r"\d+$", lambda m: str((int(m[0]) + 1) % 1000), lines[0].strip()) + "\n", *lines[1:]]),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "val_5.txt, line 1: not a sample of the task (its solution is not the one of meta.json's regime int-steps, which "
+     "ends '= "),
+    # data that meta.json names but whose lines are not it (swapped, lost): not "holds this data already"
+    ("prepare_data", then(lambda d, r, t: edit_lines(d / "train.txt", lambda lines: lines[::-1]),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
+                                           "--test-size=10"]), 2,
+     "data holds damaged or edited data: line 1 of its train.txt is not that of int-steps, tiers 4,5,6 operands (seed "
+     "0; 100 train, 10 test, 10 val a tier), which its meta.json names: give another --data-dir, or --overwrite to "
+     "replace it"),
+    ("prepare_data", then(lambda d, r, t: edit_lines(d / "test_5.txt", lambda lines: lines[:-1]),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
+                                           "--test-size=10"]), 2,
+     "data holds damaged or edited data: line 10 of its test_5.txt is not that of int-steps, tiers 4,5,6 operands"),
+    # a token shard of no tokens, made or downloaded before
+    ("prepare_data", then(lambda d, r, t: (write_shard(t / "shakespeare_train_000000.bin", [5, 2] * 600),
+                                           write(t / "shakespeare_val_000000.bin", NO_TOKENS)),
+                          lambda d, r, t: ["shakespeare", "--data-dir", str(t)]), 1,
+     "shakespeare_val_000000.bin: holds no tokens (its header announces 0): --overwrite replaces it"),
 ]
 
 

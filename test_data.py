@@ -56,6 +56,7 @@ def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
 @pytest.mark.parametrize("bad, message", [
     (shard_bytes(range(100), magic=123), "bad magic"),
     (shard_bytes(range(100), count=500), "header announces 500 tokens"),
+    (shard_bytes([]), "holds no tokens (its header announces 0)"),  # (was kept, as a shard of 0 tokens)
 ])
 def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, message):
     files = fineweb_files(1)
@@ -109,6 +110,23 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path):
     with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'input.txt'} cannot be read as UTF-8 text ('utf-8' "
                                                   "codec can't decode byte 0xff in position 0")):
         prepare_data.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"", "input.txt is empty"), (b"A", "input.txt holds only 1 character(s), too few for a train and a val split")])
+def test_shakespeare_of_no_text_is_refused_and_not_kept(serve, tmp_path, capsys, offline_gpt2, text, message):
+    """An empty download used to become shards of the end-of-text token alone, said to be fine (and kept: the same
+    command then found them 'already there'). Nothing of it is kept now, and a text put there is refused too."""
+    server, folder = serve({"input.txt": text}), tmp_path / "s"
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--url", f"{server.url}/input.txt"],
+                   capsys, code=1)
+    assert err == f"prepare_data.py: error: {folder / message}"
+    assert not [p for p in folder.rglob("*") if p.is_file()]  # no text, no .part, no shard
+    folder.mkdir(exist_ok=True)
+    (folder / "input.txt").write_bytes(text)  # a text of one's own, put there
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder)], capsys, code=1)
+    assert err == f"prepare_data.py: error: {folder / message}: put a text there, or --overwrite to download it again"
+    assert [p.name for p in folder.iterdir()] == ["input.txt"]
 
 
 def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
