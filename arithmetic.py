@@ -369,10 +369,12 @@ def holds(data_dir):
 
 
 def first_change(data_dir, data):
-    """'line 7 of its train.txt': where data_dir first differs from `data` ({name: lines}); None where it holds it."""
+    """'line 7 of its train.txt': where data_dir first differs from `data` ({name: lines}); None where it holds it.
+    A split that is not there is not compared: load() refuses a folder that lacks one, but for the validation split
+    of a folder made before it existed."""
     for name, lines in data.items():
         path = Path(data_dir) / f"{name}.txt"
-        there = path.read_text().splitlines() if path.exists() else []  # (as load() reads it)
+        there = path.read_text().splitlines() if path.exists() else lines  # (as load() reads it)
         if there != lines:
             i = next((i for i, (a, b) in enumerate(zip(there, lines)) if a != b), min(len(there), len(lines)))
             return f"line {i + 1} of its {path.name}"

@@ -180,12 +180,16 @@ def test_a_batch_is_its_rows_collated_one_by_one(arith_dir):
 
 def test_a_data_folder_from_before_the_knobs_loads_as_it_was(tmp_path, capsys):
     """meta.json used to hold only the vocabulary, seed and sizes, and there was no validation split."""
-    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path), "--field=int", "--count=operands", "--target=steps",
-             "--tiers=4,5,6", "--train-size", "30", "--test-size", "4"])
+    args = ["arithmetic", "--data-dir", str(tmp_path), "--field=int", "--count=operands", "--target=steps",
+            "--tiers=4,5,6", "--train-size", "30", "--test-size", "4"]
+    prepare_data.main(args)
     meta = json.loads((tmp_path / "meta.json").read_text())
     (tmp_path / "meta.json").write_text(json.dumps({k: meta[k] for k in ("vocab", "seed", "train_size", "test_size")}))
     for p in tmp_path.glob("val_*.txt"):
         p.unlink()
+    capsys.readouterr()
+    prepare_data.main(args)  # the same data (compared line by line), but for the validation split it never had
+    assert "holds this data already" in capsys.readouterr().out and not list(tmp_path.glob("val_*.txt"))
     cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=64, eval_samples=4, preset="arith", task=None)
     data = arithmetic.Data(cfg)
     assert data.task == arithmetic.Task() and data.task.name == "int-steps" and data.vals == {}
