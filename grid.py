@@ -54,13 +54,18 @@ def regimes(args):
 
 def prepare(data_dir, task, args, generate=True):
     """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
-    `generate`, one that holds nothing yet is generated."""
+    `generate`, one that holds nothing yet is generated; without, the lines of one reused are checked too."""
     want = dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
     # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again)
     have = arithmetic.holds(data_dir) if (data_dir / "meta.json").exists() else None
     if have is not None and have != want:
         raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "
                          f"{arithmetic.describe(want)}: give another --data-root")
+    change = have and not generate and arithmetic.first_change(data_dir, arithmetic.generate(
+        task, 0, args.train_size, args.test_size))  # (made again and compared: a second or so a regime)
+    if change:
+        raise DataError(f"{data_dir} holds damaged or edited data: {change} is not that of "
+                        f"{arithmetic.describe(have)}, which its meta.json names: move it away to have it made again")
     if have is None and generate:
         print(f"grid: generating {data_dir}")
         arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)

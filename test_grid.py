@@ -106,6 +106,20 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     assert snapshot(tmp_path) == before
 
 
+def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, train_in_this_process):
+    regime = tmp_path / "data" / "mod11-answer-operators-2"  # the grid's data, made before, then a line edited by hand
+    arithmetic.prepare(regime, arithmetic.Task(field="mod", count="operators", target="answer", tiers=(2,)), 0, 40, 6)
+    lines = (regime / "train.txt").read_text().splitlines()
+    (regime / "train.txt").write_text("\n".join([*lines[:6], lines[7], lines[6], *lines[8:]]) + "\n")
+    before = snapshot(tmp_path)
+    assert error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
+                                "--test-size", "6", "--data-root", str(tmp_path / "data"), "--out-dir",
+                                str(tmp_path / "out")], capsys, code=1).endswith(
+        f"{regime} holds damaged or edited data: line 7 of its train.txt is not that of mod11-answer, tiers 2 operators "
+        "(seed 0; 40 train, 6 test, 6 val a tier), which its meta.json names: move it away to have it made again")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
     (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
