@@ -49,6 +49,7 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
         return False
     if dest.exists():
         part.unlink(missing_ok=True)  # a partial download may be of the old file
+    made = not dest.parent.exists()  # (made here, it goes again with a download that fails its check)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
         try:
@@ -84,6 +85,8 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             verify(part)
         except DataError:
             part.unlink()  # a corrupt file is never left behind to be resumed or renamed
+            if made and not any(dest.parent.iterdir()):
+                dest.parent.rmdir()
             raise
     os.replace(part, dest)
     return True

@@ -121,8 +121,8 @@ def test_shakespeare_of_no_text_is_refused_and_not_kept(serve, tmp_path, capsys,
     err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--url", f"{server.url}/input.txt"],
                    capsys, code=1)
     assert err == f"prepare_data.py: error: {folder / message}"
-    assert not [p for p in folder.rglob("*") if p.is_file()]  # no text, no .part, no shard
-    folder.mkdir(exist_ok=True)
+    assert not folder.exists()  # no text, no .part, no shard: not even the folder made for them
+    folder.mkdir()
     (folder / "input.txt").write_bytes(text)  # a text of one's own, put there
     err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder)], capsys, code=1)
     assert err == f"prepare_data.py: error: {folder / message}: put a text there, or --overwrite to download it again"
