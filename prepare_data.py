@@ -269,9 +269,10 @@ def main(argv=None):
             prepare_shakespeare(data_dir, args.url, overwrite=args.overwrite)
         else:
             arithmetic.prepare(data_dir, task, args.seed, args.train_size, args.test_size, args.overwrite)
-            train = arithmetic.load(data_dir)[1]["train"]
-            for line in train[:: max(1, len(train) // args.show)][: args.show] if args.show > 0 else []:
-                print(line)  # spread over the file, so every tier shows
+            if args.show > 0:
+                train = arithmetic.load(data_dir)[1]["train"]
+                for line in train[:: max(1, len(train) // args.show)][: args.show]:
+                    print(line)  # spread over the file, so every tier shows
 
 
 if __name__ == "__main__":
