@@ -115,6 +115,32 @@ def test_resume_is_exact(mode, answer_dir, tmp_path, capsys):
         f"{summary['parameters'][part]:,};" in capsys.readouterr().out
 
 
+def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path, monkeypatch):
+    """A fork's method may draw while it trains (dropout, stochastic depth): train.py seeds torch at every step from
+    (seed, step, rank), as it draws the batches, so a resumed run draws what an uninterrupted one would."""
+    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
+
+    class Noisy(lime.Residual):
+        name = "noisy"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.empty(()))
+
+        def init_weights(self):
+            self.scale.fill_(0.1)
+
+        def add(self, i, h, f):
+            out = h + f(h)
+            return out + self.scale * torch.randn_like(out) if self.training else out
+
+    args = ("--router=noisy", "--max-steps=2", "--eval-interval=2")
+    train.main(tiny_args(answer_dir, tmp_path / "whole", *args))
+    train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--stop-at=1"))
+    train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--resume"))
+    assert_same_run(tmp_path / "parts", tmp_path / "whole")
+
+
 def routed_model(mode, **kw):
     """A model whose routing matters everywhere: a per-token router's input maps (dynamic's) start at zero."""
     model = small_model(mode, **kw)

@@ -12,8 +12,8 @@ configuration is printed, saved as <out-dir>/config.json and kept in every check
 --resume continues a run where it stopped (its weights, optimiser state and step);
 --init-from starts a new run, on any data, from the weights of another one: the model's
 shape comes from that run (all but --block-size), the optimiser and the step start afresh.
-Data batches are a pure function of (seed, step, rank), so a resumed run sees exactly
-the batches an uninterrupted one would. The plumbing around this recipe (flags, resume,
+Data batches, and torch's random numbers during a step, are a pure function of (seed, step,
+rank), so a resumed run sees exactly the batches and draws an uninterrupted one would. The plumbing around this recipe (flags, resume,
 signals, checkpoints, the run's folder) is in runs.py.
 """
 
@@ -245,7 +245,9 @@ def train(cfg, run):
                 group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
-                x, y = data.batch(batch_rng(cfg.seed, step, rank, micro), cfg.micro_batch_size)
+                rng = batch_rng(cfg.seed, step, rank, micro)
+                x, y = data.batch(rng, cfg.micro_batch_size)
+                torch.manual_seed(int(rng.integers(2**63)))  # a method's own draws (a fork's dropout): resumed alike
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # DDP averages gradients over processes only on the last micro-step
                 with nullcontext() if not ddp or micro == accum - 1 else model.no_sync():
