@@ -11,12 +11,14 @@ that reads it, in one op:
 
     route(kv, w, partials)[i] = partials[i] + w[i] @ kv        (at every position, over heads)
 
-with kv = kv_j and, for the i-th target t_i (layer j itself and every later pushed layer that reads
-it: t_i = j + i for `lime`), w[i] = R^(t_i)_j and partials[i] the sum so far for t_i (absent where
-layer j is the first source it has; lime.Routing puts those last). The sum is the same; the backward
-is what changes. A partial's gradient passes through untouched (no copy), and the gradient
-of kv_j is sum_i w[i]^T g_i over the gradients g_i of the outputs, all of which exist by the
-time autograd reaches layer j: one kernel reads each g_i once and writes grad kv_j once.
+with kv = kv_j. The targets t_i are layer j itself and every later pushed layer that reads it
+(for `lime`: j + 1, ..., L - 1, then j). w[i] = R^(t_i)_j, and partials[i] is the sum so far for
+t_i; a target whose first source is layer j has none, and lime.Routing puts those last.
+
+The sum is the same as pulling; the backward is what changes. A partial's gradient passes through
+untouched (no copy). The gradient of kv_j is sum_i w[i]^T g_i over the gradients g_i of the outputs,
+all of which exist by the time autograd reaches layer j: one kernel reads each g_i once and writes
+grad kv_j once.
 Pulling in the forward makes the backward push instead: every layer would read-modify-write
 the gradients of all its sources, or autograd would add up l + 1 materialised pieces.
 
@@ -27,9 +29,9 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
     backward   layer j reads its L - j output gradients and kv_j, writes grad kv_j:
                                              sum_{j=0}^{L-1} (L - j + 2)              = 102 at L = 12
                plus grad w's per-tile shares, written and summed: 0.19 slot per output  ~ 15 at L = 12
-That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s, next to 86 ms for a
-`none` training step on one H100 (a count, not a measurement). Memory: kv_j is saved once per
-layer (one slot per layer, about +6% at 150M), and a partial lives only until its layer has run.
+That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s (a count, not a
+measurement). Memory: kv_j is saved once per layer (one slot per layer, about +6% at 150M), and a
+partial lives only until its layer has run.
 
 `python bench.py --device cuda --kernels` times the op alone, in GB/s against a plain copy; README
 "Performance" has what it measured. The backward is the part still far from the floor.
@@ -55,8 +57,8 @@ except ImportError:  # CPU builds of torch come without Triton: the plain path n
 USE_TRITON = os.environ.get("LIME_TRITON", "auto")
 NMAX = 8  # outputs per kernel launch; a source with more readers launches again and rereads kv (--sweep tries 16)
 COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
-# bf16 K/V: dot operands stay bf16, w cast to bf16 as the plain path does (accumulation is fp32 either
-# way). False converts the operands to fp32 first (tf32 dots): a 2.3-2.5x slower backward on an H100.
+# bf16 K/V: the dot operands stay bf16, w cast to bf16 as the plain path does; accumulation is fp32 either
+# way. False converts the operands to fp32 first (tf32 dots): a much slower backward (bench.py --kernels)
 LOW_PRECISION_DOTS = True
 
 
@@ -66,8 +68,8 @@ def use_triton(t):
 
 @torch.library.custom_op("lime::route", mutates_args=())
 def route(kv: Tensor, w: Tensor, partials: list[Tensor]) -> list[Tensor]:
-    """kv (B, T, n_kv, E), w (n_out, n_kv, n_kv), partials: the first len(partials) outputs'
-    sums so far, like kv -> n_out tensors like kv: partials[i] + w[i] @ kv per position."""
+    """kv (B, T, n_kv, E), w (n_out, n_kv, n_kv) -> n_out tensors like kv: w[i] @ kv at every position,
+    plus partials[i] (a running sum like kv) for the first len(partials) outputs."""
     if use_triton(kv):
         return _route_triton(kv.contiguous(), w.contiguous(), [p.contiguous() for p in partials])
     x = kv.reshape(-1, *kv.shape[-2:])  # (B*T, n_kv, E)
@@ -90,15 +92,15 @@ def route_backward(grads: list[Tensor], kv: Tensor, w: Tensor, need_w: bool) -> 
     if use_triton(kv):
         return _route_backward_triton([g.contiguous() for g in grads], kv.contiguous(), w.contiguous(), need_w)
     x = kv.reshape(-1, *kv.shape[-2:])  # (B*T, n_kv, E)
-    grads = [g.reshape(x.shape) for g in grads]
-    wt = w.to(kv.dtype).transpose(1, 2)  # w[i]^T
+    grads = [g.reshape(x.shape) for g in grads]  # each (B*T, n_kv, E)
+    wt = w.to(kv.dtype).transpose(1, 2)  # (n_out, n_kv, n_kv): wt[i] = w[i]^T
     grad_kv = torch.bmm(wt[0].expand(x.shape[0], *wt[0].shape), grads[0])
-    for wi, g in zip(wt[1:], grads[1:]):
+    for wi, g in zip(wt[1:], grads[1:]):  # grad kv = sum_i w[i]^T g_i
         grad_kv.baddbmm_(wi.expand(x.shape[0], *wi.shape), g)
     grad_w = w.new_zeros(w.shape)  # contiguous, as the fake says (zeros_like would keep a transposed w's strides)
-    if need_w:  # summed over positions in fp32
-        xt = x.float().transpose(1, 2)
-        grad_w = torch.stack([torch.bmm(g.float(), xt).sum(0) for g in grads])
+    if need_w:  # grad w[i] = sum over positions of g_i @ kv^T, in fp32
+        xt = x.float().transpose(1, 2)  # (B*T, E, n_kv)
+        grad_w = torch.stack([torch.bmm(g.float(), xt).sum(0) for g in grads])  # (n_out, n_kv, n_kv)
     return grad_kv.view(kv.shape), grad_w.to(w.dtype)  # contiguous, as the fake says
 
 
@@ -209,7 +211,7 @@ def _padded(tensors, filler):
 
 def _route_triton(kv, w, partials):
     meta = _launch_shape(kv)
-    P = kv.numel() // (meta["NKV"] * meta["E"])
+    P = kv.numel() // (meta["NKV"] * meta["E"])  # positions, B*T
     outs = [torch.empty_like(kv) for _ in range(w.shape[0])]
     for a, b in _chunks(len(outs)):
         part = partials[a:b]

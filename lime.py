@@ -8,22 +8,22 @@ of every (layer, head) pair up to and including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
-R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers per layer, about 0.01% of the
+R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers per layer, 0.007% of the 150M model's
 parameters. It starts as the identity on the layer's own heads (a fresh LIMe model begins close to
 LLaMA) and Kaiming-uniform elsewhere. Keys and values share one router; queries are untouched.
-Routing mixes vectors at one position, and RoPE rotates every head at a position alike, so routing
-before or after RoPE is the same: we route before, and the KV cache holds each layer's routed, rotated
-K/V, a normal cache's size (generation.py).
+Routing mixes vectors at one position, and RoPE rotates every head at a position alike, so the two
+commute. We route before RoPE; the KV cache holds each layer's routed, rotated K/V, so it is a
+normal cache's size (generation.py).
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
-  * `Router`: how a layer reads the K/V of earlier layers, a subclass per --router value: here `lime`, the
-    paper's router, and `none`, LLaMA; `Residual`: the stream between sub-layers. The paper's router
-    ablations (ablations.py), the baselines (baselines.py) and a fork's idea are one more subclass of
-    either (README "Fork it"); methods.py names them.
-  * `Routing`: carries K/V from layer to layer; in training through kernels.py's op, one per layer inside
-    torch.compile's single graph, which saves each layer's K/V once (memory O(L), where the paper's code,
-    autograd through a stack per layer, takes O(L^2)).
+  * `Router`: how a layer reads the K/V of earlier layers; one subclass per --router value. Here `lime`
+    (the paper's) and `none` (LLaMA). The ablations (ablations.py), the baselines (baselines.py) and a
+    fork's idea are each one more subclass, of Router or of `Residual`, the stream between sub-layers
+    (README "Fork it"). methods.py registers them by name.
+  * `Routing`: carries K/V from layer to layer, for most routers through kernels.py's op: one per layer,
+    kept by torch.compile in its single graph. The op saves each layer's K/V once: O(L) memory, where
+    autograd through a stack per layer (the paper's code) takes O(L^2).
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. GPT has no generate():
     generation.py's `generate(model, ...)` runs it with a KV cache.
@@ -51,7 +51,7 @@ class GPTConfig:
     n_kv_head: int = option(12, "key/value heads per layer; divides n_head (fewer = GQA)", rule=POSITIVE)
     n_embd: int = option(768, "residual stream width (d)", rule=POSITIVE)
     mlp_hidden: int = option(3072, "SwiGLU hidden width", rule=POSITIVE)
-    # (its help is a function: read when the routers are all defined, a fork's among them)
+    # a help that is a function is read late, once every router (a fork's too) is defined
     router: str = option("lime", lambda: f"cross-layer method, a router or a baseline: {router_forms()}")
     rope_theta: float = option(10000.0, "RoPE base frequency", rule=POSITIVE)
     norm_eps: float = option(1e-5, "RMSNorm epsilon", rule=POSITIVE)
@@ -66,8 +66,8 @@ class GPTConfig:
 
     @classmethod
     def of(cls, config):
-        """The model's part of a larger config: train.py's, or one saved with a checkpoint (a dict, which
-        lacks the fields added since it was saved: they have their defaults)."""
+        """The model's fields of a larger config: train.py's, or a checkpoint's dict. Fields added
+        since that checkpoint was saved take their defaults."""
         values = config if isinstance(config, dict) else vars(config)
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
@@ -93,25 +93,23 @@ def route_reference(weight, sources):
 
 class Router(Method):
     """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
-    subclass that says three things:
+    subclass that says three things (and sets the flags `per_token`, `keys` below where they apply):
 
       name              its --router value, as methods.Method says (last-J: last-4)
       source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
                           (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
                           (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
-                        A `per_token` router's weights (as ablations.py's `dynamic`) depend on the layer's
-                        input x (B, T, C): (B, T, n_kv, n_src); for x=None, their token-independent part.
+                        A `per_token` router (ablations.py's `dynamic`) returns (B, T, n_kv, n_src) for the
+                        layer's input x (B, T, C), and its token-independent part for x=None.
 
-    The rest is derived from these: whether Routing pushes or pulls it (`pulled`), the dense matrix that
-    analysis and pruning read (`dense`), whether top-p pruning applies (`prunable`), the FLOP count
-    (GPT.estimate_flops) and the initial values (GPT.init_weights: weights that are a Parameter
-    start as the identity on the layer's own heads and Kaiming-uniform elsewhere, unless the class
-    has an init_weights() of its own).
+    The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
+    (`dense`), whether top-p pruning applies (`prunable`), the FLOPs (GPT.estimate_flops) and the
+    initial values (GPT.init_weights, unless the class has an init_weights() of its own).
     Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
     """
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
-    keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; value-residual's)
+    keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; as value-residual)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
@@ -130,6 +128,7 @@ class Router(Method):
         w = self.weights()
         if w.dim() == 3:
             return w
+        # (n_kv, n_src, 1) * (n_kv, 1, n_kv): weight[h, j] lands at [h, j, h]
         return w[:, :, None] * torch.eye(self.n_kv, device=w.device, dtype=w.dtype)[:, None, :]
 
     def dense(self):
@@ -154,9 +153,9 @@ class Router(Method):
 
     @classmethod
     def probe(cls):
-        """This router at layer 2 of a tiny model with 2 kv heads and J as --router gives it (its default, else 2;
-        None for a name without -J), to read its capabilities from (methods.satisfies, which probes every method where
-        their forms are listed). A router that refuses this shape is an error naming it: it defines its own probe()."""
+        """An instance to read the router's capabilities from (methods.satisfies): layer 2 of a tiny model
+        with 2 kv heads. J is what --router would give it: its default, else 2; None for a name without -J.
+        A router that cannot be built so is an error naming it; such a router defines its own probe()."""
         tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=3, n_head=2, n_kv_head=2, n_embd=4, mlp_hidden=1,
                          router="none")
         J = (cls.J or 2) if (cls.name or "").endswith("-J") else None
@@ -202,11 +201,12 @@ def make_router(config, layer):
 class Routing:
     """Carries K/V from layer to layer during one forward pass.
 
-    Routers whose weights are the same at every token are pushed (see kernels.py): layer j finishes its
-    own routed K/V and adds its share to the running sums of the later layers that read it, in one op.
-    Two kinds are pulled by their layer, one product per source (autograd keeps each source by reference):
-    a `per_token` router, whose weights depend on the reading layer's input, and a router of the values
-    alone (the op routes K and V together). With reference=True every router pulls through route_reference.
+    Routers whose weights are the same at every token are pushed (see kernels.py): in one op, layer j
+    finishes its own routed K/V and adds its share to the running sums of the later layers that read it.
+    Two kinds are pulled by their layer instead: a `per_token` router (its weights depend on the layer's
+    input) and a router of the values alone (the op routes K and V together). A pull within each head is
+    one product per source (autograd saves the sources themselves, not a stacked copy); a pull across
+    heads goes through route_reference. With reference=True every router pulls through route_reference.
     """
 
     def __init__(self, routers, readers, reference=False):
@@ -229,7 +229,7 @@ class Routing:
         if router.keys:
             return self.pull(router, sources, x)
         # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
-        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only
+        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only: (B, T, n_kv, head_dim)
         return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
 
     def push(self, layer, kv, targets):
@@ -240,7 +240,7 @@ class Routing:
         w = torch.stack([self.routers[l].matrix()[:, self.routers[l].sources.index(layer)]
                          for l in targets])  # (n_targets, n_kv, n_kv): how each target reads this layer
         outs = dict(zip(targets, kernels.route(kv, w, partials)))
-        self.partial.update((l, outs[l]) for l in self.readers[layer])
+        self.partial.update((l, outs[l]) for l in self.readers[layer])  # later layers' sums; its own is done
         return outs
 
     @staticmethod
@@ -275,7 +275,7 @@ def rope_tables(config):
 
 def apply_rope(x, cos, sin):
     """Rotate pairs (x1[i], x2[i]) = (x[i], x[i + head_dim/2]) by position-dependent angles."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # each (B, heads, T, head_dim/2)
+    x1, x2 = x.float().chunk(2, dim=-1)  # each (B, heads, T, head_dim/2), rotated in fp32
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -288,7 +288,7 @@ class Attention(nn.Module):
         # one projection for keys and values: they are routed together, as one 2*head_dim vector
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.router = make_router(config, layer)  # None for `none`, the LLaMA baseline
+        self.router = make_router(config, layer)  # None: nothing routed (`none`, or a method of the stream)
 
     def forward(self, x, routing, cos, sin, cache=None):
         B, T, C = x.shape
@@ -324,7 +324,7 @@ class Residual(Method):
     how its output joins the stream. Here the pre-norm residual, h + f(h). A method of the stream
     (baselines.py) is a subclass with a name, chosen by --router; its model then routes no K/V."""
 
-    def __init__(self, config=None, J=None):
+    def __init__(self, config=None, J=None):  # (the arguments every method of the stream is built with)
         super().__init__()
 
     def start(self, x):
@@ -379,14 +379,12 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self):
         """Every initial value of the model, in one place:
-          - the embedding (tied with the output head) and every Linear: normal, std 0.02;
-          - except the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2,
-          - and the Linear maps inside a per-token router (ablations.py's `dynamic`: its `proj`): zero, so that it
-            starts static;
+          - the embedding (tied with the output head) and every Linear: normal, std 0.02, except
+            the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2, and
+            a per-token router's Linear maps (ablations.py's `dynamic`): zero, so that it starts static;
           - RMSNorm gains: one;
-          - learned routers: the identity on the layer's own heads, so that training starts from
-            LLaMA's information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every
-            other allowed source, fan_in being the number of (layer, head) sources a head reads;
+          - learned routers: the identity on the layer's own heads, so that training starts from LLaMA's
+            information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every other source;
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that.
         A method's own parameters that none of this sets are an error, not torch.empty's leftovers.
         """
@@ -408,8 +406,8 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
                 w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
-                fan_in = w[0].numel()
-                w.uniform_(-math.sqrt(3 / fan_in), math.sqrt(3 / fan_in))
+                bound = math.sqrt(3 / w[0].numel())  # fan_in: the (layer, head) sources one head reads
+                w.uniform_(-bound, bound)
                 # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                 w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
         for module in methods:  # last, so that nothing above overwrites what it sets
@@ -435,7 +433,7 @@ class GPT(nn.Module):
             cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(self.residual.end(h)))
         loss = None
-        if targets is not None:
+        if targets is not None:  # logits as (B*T, vocab) rows, in fp32; targets as (B*T,)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
@@ -450,6 +448,7 @@ class GPT(nn.Module):
 
     def num_params(self):
         """Parameter counts by part; the tied embedding is counted once."""
+        # a parameter's part is the first key its name holds: "router" before "attn", whose names include it
         parts = dict(router="router", residual="residual", wte="embedding", attn="attention", mlp="mlp")
         counts = dict.fromkeys([*parts.values(), "norm"], 0)
         for name, p in self.named_parameters():
@@ -460,14 +459,14 @@ class GPT(nn.Module):
     def estimate_flops(self, seq_len=None):
         """Training FLOPs (forward + backward) per token, in the usual 6N-style accounting:
 
-            6 * (weights used in matmuls, the tied head included once, the embedding lookup not)
-          + 12 * n_layer * n_head * head_dim * T      (QK^T and AV, non-causal count, as nanoGPT)
-          + 6 * sum_{l > 0} (numbers in R^(l)'s weights()) * 2 * head_dim     (the routing; K and V,
-                                                          or 1 * head_dim for a router of the values alone)
-          + what the residual stream adds (Residual.flops(); none for the plain one)
+            6 * (weights of every nn.Linear: the tied head counted once, the embedding lookup not)
+          + 12 * n_layer * n_head * head_dim * T          (QK^T and AV, non-causal count, as nanoGPT)
+          + 6 * sum_{l > 0} R^(l).weights().numel() * E   (the routing; E = 2 * head_dim for K and V,
+                                                           head_dim for a router of the values alone)
+          + Residual.flops()                              (what the residual stream adds; 0 for the plain one)
 
         The routing term is what LIMe adds: each routed K/V element is a dot product over the
-        allowed sources (within-head weights: over the same head only); it grows as O(L^2) with
+        allowed sources (within-head weights: over the same head only). It grows as O(L^2) with
         depth in `lime` (and ablations.py's `average`). Layer 0 only copies its own K/V.
         """
         c = self.config
