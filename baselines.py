@@ -1,6 +1,7 @@
 """
-The paper's comparison baseline and two cheaper cross-layer controls, written as a fork would
-write its own idea: each is one class on lime.py's extension points, named for --router.
+The paper's comparison baseline (Hyper-Connections, dynamic and static) and two cheaper cross-layer
+controls, written as a fork would write its own idea: each is one class on lime.py's extension points,
+named for --router.
 
     python train.py --router=hc              # Hyper-Connections, dynamic, expansion rate 4 (hc-2: rate 2)
     python train.py --router=hc-static       # ... its static variant

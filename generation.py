@@ -1,5 +1,5 @@
 """
-Generation with a KV cache: this file's loop calls lime.GPT's forward with a `cache`, which each layer fills.
+Generation with a KV cache: generate() calls lime.GPT's forward with a KVCache, which each layer fills.
 
 LIMe's cache is a vanilla one: routing mixes K/V at one position only (lime.py), so each layer's
 routed, rotated K/V at a position is fixed once that position has run, the same for every later query.
@@ -32,11 +32,12 @@ class KVCache:
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None, lengths=None):
     """Continue idx (B, T) by max_new_tokens with a KV cache; temperature 0 is greedy.
-    With `stop` (a token id), ends early once every row has produced it. With `lengths` (B,),
-    the rows are prompts of different lengths, padded on the right: row i's prompt is
-    idx[i, :lengths[i]], and its continuation starts there. No padding enters the cache: all rows
-    run from position 0, and a row takes its prompt's next token, not the model's, until its
-    prompt ends. So each row computes what it would alone."""
+    With `stop` (a token id), ends early once every row has produced it.
+    With `lengths` (B,), the rows are prompts of different lengths, padded on the right: row i's
+    prompt is idx[i, :lengths[i]], and its continuation starts there. No padding enters the cache:
+    all rows run their first min(lengths) tokens together, then one token at a time, and a row takes
+    its prompt's next token, not the model's, until its own prompt ends. So each row computes what
+    it would alone."""
     if not temperature >= 0:
         raise ValueError(f"temperature={temperature}: 0 (greedy) or more")
     if top_k is not None and top_k < 1:
@@ -57,9 +58,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None,
             # largest logit shifted to 0, temperature kept nonzero in float32: a tiny one gives greedy, not NaN
             logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, torch.finfo().tiny)
             if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1): each row's k-th
                 logits = logits.masked_fill(logits < kth, -float("inf"))
-            new = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
+            new = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]  # (B,)
         generating = t >= lengths  # (B,): the rows past their prompt
         out[:, t] = torch.where(generating, new, out[:, t])
         step, end = out[:, t:t + 1], t + 1  # (B, 1)

@@ -20,9 +20,9 @@ MODULES = ("lime", "ablations", "baselines")  # where the methods are defined
 
 
 def registry():
-    """ROUTERS, with every method of MODULES in it, in the order of MODULES (then any defined elsewhere, as a
-    test's), each module's as it defines them: the same order whichever module was imported first (baselines.py
-    imports lime.py, not ablations.py). A copy: ROUTERS is where the classes register."""
+    """A copy of ROUTERS once every module of MODULES is imported. Ordered by module as in MODULES, then
+    methods defined elsewhere (a test's); within a module, as it defines them. So the order does not depend
+    on which module was imported first (baselines.py imports lime.py, but not ablations.py)."""
     for module in MODULES:
         importlib.import_module(module)  # (no-op once imported; a module still importing is left to finish)
     rank = {module: i for i, module in enumerate(MODULES)}
@@ -30,10 +30,11 @@ def registry():
 
 
 class Method(nn.Module):
-    """A cross-layer method. A subclass that states a `name` adds itself to ROUTERS (one that inherits its
-    parent's does not: a base class of a fork's methods is no --router value); a name ending in "-J" takes a
-    positive integer, `J` its default if any ('last-4'; 'hc' is 'hc-4'). A name taken by another class is an
-    error: else the class defined last would silently replace the other everywhere."""
+    """A cross-layer method. A subclass that states a `name` of its own adds itself to ROUTERS; one that
+    only inherits a name does not (so a base class for a fork's methods is no --router value).
+    A name ending in "-J" takes a positive integer, with `J` its default if any ('last-4'; 'hc' is 'hc-4').
+    A name already taken by another class is an error: else the class defined last would silently
+    replace the other everywhere."""
     name, J = None, None
 
     def __init_subclass__(cls, **kwargs):
@@ -67,7 +68,7 @@ def parse_router(spec):
 
 
 def router_forms(where=None):
-    """The --router forms, 'none, lime, ..., last-J or first-J'; with `where`, only the routers that
+    """The --router forms, 'none, lime, ..., dwa or value-residual'; with `where`, only the routers that
     satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
     names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in registry().items()
              if where is None or satisfies(cls, where)]

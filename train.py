@@ -13,8 +13,8 @@ configuration is printed, saved as <out-dir>/config.json and kept in every check
 --init-from starts a new run, on any data, from the weights of another one: the model's
 shape comes from that run (all but --block-size), the optimiser and the step start afresh.
 Data batches, and torch's random numbers during a step, are a pure function of (seed, step,
-rank), so a resumed run sees exactly the batches and draws an uninterrupted one would. The plumbing around this recipe (flags, resume,
-signals, checkpoints, the run's folder) is in runs.py.
+rank, micro-step), so a resumed run sees exactly the batches and draws an uninterrupted one would.
+The plumbing around this recipe (flags, resume, signals, checkpoints, the run's folder) is in runs.py.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -169,8 +169,8 @@ def train(cfg, run):
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
-    # data (an offline preset generates its task first), checked against the model: its vocabulary, its longest sample.
-    # A task (samples) counts its length in epochs of len(train) samples
+    # data, checked against the model's vocabulary and block size (an offline preset generates its task first).
+    # A task (samples, not token shards) may give the run's length in epochs of len(train) samples
     data = runs.training_data(cfg, run, GENERATES.get(cfg.preset), runs.data_folder(PRESETS, cfg.preset, cfg.data))
     if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
         # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
