@@ -72,7 +72,7 @@ def router_forms(where=None):
     satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
     names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in registry().items()
              if where is None or satisfies(cls, where)]
-    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+    return " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # ("" where none satisfies it)
 
 
 def satisfies(cls, test):
