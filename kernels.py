@@ -30,11 +30,11 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
                                              sum_{j=0}^{L-1} (L - j + 2)              = 102 at L = 12
                plus grad w's per-tile shares, written and summed: 0.19 slot per output  ~ 15 at L = 12
 That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s (a count, not a
-measurement). Memory: kv_j is saved once per layer (one slot per layer, about +6% at 150M), and a
-partial lives only until its layer has run.
+measurement). Memory: kv_j is saved once per layer (one slot per layer: 12 x 100 MB at 150M), and
+a partial lives only until its layer has run.
 
 `python bench.py --device cuda --kernels` times the op alone, in GB/s against a plain copy; README
-"Performance" has what it measured. The backward is the part still far from the floor.
+"Performance" has what it measured.
 
 NOTE under bf16 the running sums are stored in bf16, so layer l's routed K/V is rounded up to
 l times rather than once. Measured on a CPU at bench.py's 12-layer shape with bf16 autocast,
