@@ -130,7 +130,7 @@ def build_parser(cls, defaults, description=None):
                        help=f"{text} [{defaults[f.name]}]".replace("%", "%%"))
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
-                   help="start over in an <out-dir> that holds a run: its checkpoint, log and summary are deleted")
+                   help=f"start over in an <out-dir> that holds a run: its files ({', '.join(RUN_FILES)}) are deleted")
     p.add_argument("--dry-run", action="store_true", help="check the flags and the checkpoints they name, print "
                                                           "the config, and stop: no data is read, nothing written")
     return p
