@@ -268,7 +268,7 @@ def measure_kernels(shape, args, device):
     if args.sweep and triton_kernels:
         choices = [(chosen[0], *tile) for tile in TILES]
     try:
-        for layer in (0, L // 2, L - 1):
+        for layer in sorted({0, L // 2, L - 1}):  # (each once: a 2-layer model has L // 2 == L - 1)
             n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
             n_part = n_out if layer else 0
             w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
