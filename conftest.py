@@ -2,12 +2,15 @@
 per session), and the check that a script failed in one line. The tests run on the CPU, with no
 network. Run them with `python -m pytest -q`."""
 
+import contextlib
 import http.server
+import io
 import json
 import os
 import random
 import re
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -23,6 +26,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import arithmetic  # noqa: E402
+import grid  # noqa: E402
 import prosqa  # noqa: E402
 import train  # noqa: E402
 from data import write_shard  # noqa: E402
@@ -219,3 +223,44 @@ def prosqa_records(n, seed):
 def prosqa_files(sizes=(32, 4, 4)):
     return {f"prosqa_{split}.json": json.dumps(prosqa_records(n, i)).encode()
             for i, (split, n) in enumerate(zip(prosqa.SPLITS, sizes))}
+
+
+# grid.py's runs and flag checks in this process (a process of their own spends seconds importing torch)
+
+
+def train_here(cmd, out):
+    """`python train.py ...` as train.main(...) in this process, its output into `out`: its exit code. (A
+    process of its own would spend seconds importing torch; test_two_process_ddp_on_cpu runs train.py as one.)"""
+    assert cmd[:2] == [sys.executable, str(Path(grid.__file__).with_name("train.py"))], cmd
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            train.main(cmd[2:])
+            return 0
+        except SystemExit as e:
+            return e.code
+
+
+class TrainInThisProcess:
+    """Stands in for subprocess.Popen in grid.py."""
+
+    def __init__(self, cmd, stdout, stderr, env):
+        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
+        assert "RANK" not in env
+        self.returncode = train_here(cmd, stdout)
+
+    def poll(self):
+        return self.returncode
+
+
+def check_here(cmd, capture_output, text, env):
+    """Stands in for subprocess.run in grid.py: train.py's --dry-run."""
+    assert "RANK" not in env
+    out = io.StringIO()
+    code = train_here(cmd, out)
+    return grid.subprocess.CompletedProcess(cmd, code, out.getvalue(), out.getvalue())
+
+
+@pytest.fixture
+def train_in_this_process(monkeypatch):
+    monkeypatch.setattr(grid.subprocess, "Popen", TrainInThisProcess)
+    monkeypatch.setattr(grid.subprocess, "run", check_here)

@@ -703,7 +703,7 @@ DAMAGED = [
 
 @pytest.mark.parametrize("script, damage, code, message", DAMAGED, ids=[f"{c[0]} {str(c[3])[:50]}" for c in DAMAGED])
 def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run, tmp_path, capsys, script, damage,
-                                                             code, message):
+                                                             code, message, train_in_this_process):
     d, r, t = tmp_path / "data", tmp_path / "run", tmp_path / "t"
     shutil.copytree(arith_dir, d)
     shutil.copytree(arith_run, r)

@@ -1,59 +1,16 @@
 """LIMe against the baseline over seeds and regimes of the arithmetic task (grid.py)."""
 
-import contextlib
-import io
 import json
 import os
 import shutil
 import signal
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import arithmetic
 import grid
-import train
 from conftest import PRUNABLE, error_of, snapshot
-
-
-def train_here(cmd, out):
-    """`python train.py ...` as train.main(...) in this process, its output into `out`: its exit code. (A
-    process of its own would spend seconds importing torch; test_two_process_ddp_on_cpu runs train.py as one.)"""
-    assert cmd[:2] == [sys.executable, str(Path(grid.__file__).with_name("train.py"))], cmd
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            train.main(cmd[2:])
-            return 0
-        except SystemExit as e:
-            return e.code
-
-
-class TrainInThisProcess:
-    """Stands in for subprocess.Popen in grid.py."""
-
-    def __init__(self, cmd, stdout, stderr, env):
-        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
-        assert "RANK" not in env
-        self.returncode = train_here(cmd, stdout)
-
-    def poll(self):
-        return self.returncode
-
-
-def check_here(cmd, capture_output, text, env):
-    """Stands in for subprocess.run in grid.py: train.py's --dry-run."""
-    assert "RANK" not in env
-    out = io.StringIO()
-    code = train_here(cmd, out)
-    return grid.subprocess.CompletedProcess(cmd, code, out.getvalue(), out.getvalue())
-
-
-@pytest.fixture
-def train_in_this_process(monkeypatch):
-    monkeypatch.setattr(grid.subprocess, "Popen", TrainInThisProcess)
-    monkeypatch.setattr(grid.subprocess, "run", check_here)
 
 
 def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, train_in_this_process):
