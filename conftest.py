@@ -244,7 +244,8 @@ class TrainInThisProcess:
     """Stands in for subprocess.Popen in grid.py."""
 
     def __init__(self, cmd, stdout, stderr, env):
-        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and stderr is grid.subprocess.STDOUT
+        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+        assert stderr is grid.subprocess.STDOUT
         assert "RANK" not in env
         self.returncode = train_here(cmd, stdout)
 
