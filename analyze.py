@@ -308,7 +308,7 @@ def eval_rows(run_dir):
     rows = [r for r in rows if "val_loss" in r]
     for r in rows:
         for key, value in r.items():
-            fault = runs.metric_fault(key, value, diverged=True) or \
+            fault = runs.metric_fault(key, value, diverged=r is rows[-1]) or \
                 (key.startswith("val_") and not runs.of_kind(value, float) and "not a number")  # (a fork's metric)
             if fault:
                 raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {key} is {fault} ({value!r})")

@@ -368,16 +368,19 @@ def holds(data_dir):
     return regime(load(data_dir)[3])
 
 
-def first_change(data_dir, data):
-    """'line 7 of its train.txt': where data_dir first differs from `data` ({name: lines}); None where it holds it.
-    A split that is not there is not compared: load() refuses a folder that lacks one, but for the validation split
-    of a folder made before it existed."""
-    for name, lines in data.items():
+def edited(data_dir, task, seed, train_size, test_size):
+    """Where data_dir, whose meta.json names this data, holds other lines than this code makes of it: '<data_dir>
+    holds other lines than ...: line 7 of its train.txt', or None. The data is made again and compared line by line
+    (seconds at the paper's size); a split that is not there is not compared: load() refuses a folder that lacks
+    one, but for the validation split of a folder made before it existed."""
+    for name, lines in generate(task, seed, train_size, test_size).items():
         path = Path(data_dir) / f"{name}.txt"
         there = path.read_text().splitlines() if path.exists() else lines  # (as load() reads it)
         if there != lines:
             i = next((i for i, (a, b) in enumerate(zip(there, lines)) if a != b), min(len(there), len(lines)))
-            return f"line {i + 1} of its {path.name}"
+            have = dict(**dataclasses.asdict(task), seed=seed, train_size=train_size, test_size=test_size)
+            return (f"{data_dir} holds other lines than this code makes of the data its meta.json names, "
+                    f"{describe(have)} (edited, or made by another version): line {i + 1} of its {path.name}")
     return None
 
 
@@ -394,10 +397,9 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
         except DataError as e:
             raise UsageError(f"{data_dir} holds arithmetic data that cannot be read ({e}): give another "
                              "--data-dir, or --overwrite to replace it") from None
-        change = have == want and first_change(data_dir, generate(task, seed, train_size, test_size))
+        change = have == want and edited(data_dir, task, seed, train_size, test_size)
         if change:  # meta.json says this data, a file says otherwise: a line cut, edited or lost
-            raise UsageError(f"{data_dir} holds damaged or edited data: {change} is not that of {describe(have)}, "
-                             "which its meta.json names: give another --data-dir, or --overwrite to replace it")
+            raise UsageError(f"{change}: give another --data-dir, or --overwrite to replace it")
         if have == want:
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
@@ -474,8 +476,8 @@ def load(data_dir, trained_on=None):
             raise DataError(f"{data_dir} holds {describe(have)}, but the run was trained on {describe(want)}: give "
                             f"--data-dir the run's data, or {rebuild}")
     names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]
-    if not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
-        names = names[:1 + len(task.tiers)]  # made before the validation split existed
+    if "field" not in meta and not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
+        names = names[:1 + len(task.tiers)]  # made before the validation split (and the regime's fields) existed
     splits = {}
     for name in names:
         path = data_dir / f"{name}.txt"

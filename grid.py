@@ -61,11 +61,9 @@ def prepare(data_dir, task, args, generate=True):
     if have is not None and have != want:
         raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "
                          f"{arithmetic.describe(want)}: give another --data-root")
-    change = have and not generate and arithmetic.first_change(data_dir, arithmetic.generate(
-        task, 0, args.train_size, args.test_size))  # (made again and compared: a second or so a regime)
+    change = have and not generate and arithmetic.edited(data_dir, task, 0, args.train_size, args.test_size)
     if change:
-        raise DataError(f"{data_dir} holds damaged or edited data: {change} is not that of "
-                        f"{arithmetic.describe(have)}, which its meta.json names: move it away to have it made again")
+        raise DataError(f"{change}: move it away to have it made again")
     if have is None and generate:
         print(f"grid: generating {data_dir}")
         arithmetic.prepare(data_dir, task, 0, args.train_size, args.test_size)

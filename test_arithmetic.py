@@ -355,9 +355,9 @@ def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(
     (folder / "train.txt").write_text("\n".join(damage((folder / "train.txt").read_text().splitlines())) + "\n")
     damaged = {p.name: p.read_bytes() for p in folder.iterdir()}
     err = error_of(prepare_data.main, args, capsys)
-    assert err == f"prepare_data.py: error: {folder} holds damaged or edited data: {where} is not that of int-steps, " \
-                  "tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier), which its meta.json names: give " \
-                  "another --data-dir, or --overwrite to replace it"
+    assert err == f"prepare_data.py: error: {folder} holds other lines than this code makes of the data its " \
+                  "meta.json names, int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier) (edited, " \
+                  f"or made by another version): {where}: give another --data-dir, or --overwrite to replace it"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == damaged
     prepare_data.main(args + ["--overwrite"])
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == made

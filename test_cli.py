@@ -686,13 +686,17 @@ DAMAGED = [
     ("prepare_data", then(lambda d, r, t: edit_lines(d / "train.txt", lambda lines: lines[::-1]),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
                                            "--test-size=10"]), 2,
-     "data holds damaged or edited data: line 1 of its train.txt is not that of int-steps, tiers 4,5,6 operands (seed "
-     "0; 100 train, 10 test, 10 val a tier), which its meta.json names: give another --data-dir, or --overwrite to "
-     "replace it"),
+     "data holds other lines than this code makes of the data its meta.json names, int-steps, tiers 4,5,6 operands "
+     "(seed 0; 100 train, 10 test, 10 val a tier) (edited, or made by another version): line 1 of its train.txt: give "
+     "another --data-dir, or --overwrite to replace it"),
     ("prepare_data", then(lambda d, r, t: edit_lines(d / "test_5.txt", lambda lines: lines[:-1]),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
                                            "--test-size=10"]), 2,
-     "data holds damaged or edited data: line 10 of its test_5.txt is not that of int-steps, tiers 4,5,6 operands"),
+     ("data holds other lines than this code makes of the data its meta.json names, int-steps, tiers 4,5,6 operands",
+      "line 10 of its test_5.txt")),
+    ("prepare_data", then(lambda d, r, t: [p.unlink() for p in d.glob("val_*.txt")],  # (not a folder from before them)
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
+                                           "--test-size=10"]), 2, "val_4.txt is missing"),
     # a token shard of no tokens, made or downloaded before
     ("prepare_data", then(lambda d, r, t: (write_shard(t / "shakespeare_train_000000.bin", [5, 2] * 600),
                                            write(t / "shakespeare_val_000000.bin", NO_TOKENS)),

@@ -72,9 +72,9 @@ def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, tr
     assert error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
                                 "--test-size", "6", "--data-root", str(tmp_path / "data"), "--out-dir",
                                 str(tmp_path / "out")], capsys, code=1).endswith(
-        f"{regime} holds damaged or edited data: line 7 of its train.txt is not that of mod11-answer, tiers 2 "
-        "operators (seed 0; 40 train, 6 test, 6 val a tier), which its meta.json names: move it away to have it made "
-        "again")
+        f"{regime} holds other lines than this code makes of the data its meta.json names, mod11-answer, tiers 2 "
+        "operators (seed 0; 40 train, 6 test, 6 val a tier) (edited, or made by another version): line 7 of its "
+        "train.txt: move it away to have it made again")
     assert snapshot(tmp_path) == before
 
 
