@@ -494,7 +494,7 @@ def load(data_dir, trained_on=None):
         tiers = task.tiers if name == "train" else (int(name.split("_")[1]),)
         for i, line in enumerate(splits[name]):
             try:
-                problem = line_problem(task, line, tiers, solve=name != "train")  # (solving train: 2 s at 150k lines)
+                problem = line_problem(task, line, tiers, solve=name != "train")  # (not train: seconds at 150k lines)
             except DataError as e:
                 problem = str(e)
             if problem:
