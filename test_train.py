@@ -297,27 +297,38 @@ def test_a_signal_during_a_save_waits_for_it(answer_dir, tmp_path, monkeypatch, 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
 
 
-@pytest.mark.parametrize("ctrl_c", [False, True], ids=["| head", "| tee, and Ctrl-C"])
-def test_a_closed_output_stops_the_run_with_a_checkpoint(answer_dir, tmp_path, ctrl_c):
-    """`python train.py | head`: once what reads the output has closed it, the run stops as a signal stops it, with a
-    checkpoint of its last whole step, then exits 141 without a word. Here the reader is gone from the start, and
-    the first write fails when the buffer of a pipe (8 KiB) fills: mid-run, dozens of progress lines in. And
-    `python train.py | tee log`, then Ctrl-C, which ends tee too: the line that says a checkpoint is being saved
-    cannot be written, and the checkpoint is saved all the same."""
-    out = tmp_path / "run"
-    cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=3000", "--eval-interval=5000")]
+@pytest.fixture(scope="module")
+def closed_output_runs(answer_dir, tmp_path_factory):
+    """ctrl_c -> (stderr, exit code, run folder) of a `python train.py` whose reader closes its output: both runs at
+    once, since each spends its seconds in its own process (see the test)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (else the first line fails, before step 1)
-    read, write = os.pipe()
-    with subprocess.Popen(cmd, stdout=write, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
-                          env={**env, "OMP_NUM_THREADS": "1"}) as p:
+    runs = {}
+    for ctrl_c in (False, True):
+        out = tmp_path_factory.mktemp("closed") / "run"
+        cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=3000", "--eval-interval=5000")]
+        read, write = os.pipe()
+        p = subprocess.Popen(cmd, stdout=write, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+                             env={**env, "OMP_NUM_THREADS": "1"})
         os.close(write)
+        runs[ctrl_c] = p, read, out
+    for ctrl_c, (p, read, out) in runs.items():
         if ctrl_c:
             os.read(read, 1)  # the first bytes come when the buffer fills, dozens of steps in
         os.close(read)
         if ctrl_c:
             p.send_signal(signal.SIGINT)
-        stderr = p.communicate(timeout=120)[1]
-    assert p.returncode == 128 + signal.SIGPIPE and stderr == ""
+    return {ctrl_c: (p.communicate(timeout=120)[1], p.returncode, out) for ctrl_c, (p, _, out) in runs.items()}
+
+
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["| head", "| tee, and Ctrl-C"])
+def test_a_closed_output_stops_the_run_with_a_checkpoint(closed_output_runs, ctrl_c):
+    """`python train.py | head`: once what reads the output has closed it, the run stops as a signal stops it, with a
+    checkpoint of its last whole step, then exits 141 without a word. Here the reader is gone from the start, and
+    the first write fails when the buffer of a pipe (8 KiB) fills: mid-run, dozens of progress lines in. And
+    `python train.py | tee log`, then Ctrl-C, which ends tee too: the line that says a checkpoint is being saved
+    cannot be written, and the checkpoint is saved all the same."""
+    stderr, returncode, out = closed_output_runs[ctrl_c]
+    assert returncode == 128 + signal.SIGPIPE and stderr == ""
     step = torch.load(out / "ckpt.pt", weights_only=True)["step"]
     assert 0 < step < 3000 and not (out / "summary.json").exists()
     if not ctrl_c:  # its progress line was the one that failed: the step itself is whole
