@@ -47,6 +47,17 @@ def small_model(router, seed=0, **kw):
     return GPT(small_config(router, **kw))
 
 
+def perturbed(model, scale, g=None):
+    """model, every parameter moved by scale * N(0, 1): no path starts at zero any more (a gate, a per-token router's
+    input map, the value residual's weight, a baseline that starts as `none`), and from 0.1 on, attention is far
+    from uniform, so that a key or value off by 0.1% shows in the logits. g: the generator to draw from (seed 0)."""
+    g = g or torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
 def tokens(B=2, T=16, vocab=64, seed=1):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 

@@ -63,7 +63,9 @@ LOW_PRECISION_DOTS = True
 
 
 def use_triton(t):
-    return triton is not None and (USE_TRITON == "1" or (USE_TRITON == "auto" and t.is_cuda))
+    if triton is None or t.dtype == torch.float64:  # (the kernels' dots take fp32 at most: a .double() model's K/V)
+        return False
+    return USE_TRITON == "1" or (USE_TRITON == "auto" and t.is_cuda)
 
 
 @torch.library.custom_op("lime::route", mutates_args=())
@@ -98,9 +100,10 @@ def route_backward(grads: list[Tensor], kv: Tensor, w: Tensor, need_w: bool) -> 
     for wi, g in zip(wt[1:], grads[1:]):  # grad kv = sum_i w[i]^T g_i
         grad_kv.baddbmm_(wi.expand(x.shape[0], *wi.shape), g)
     grad_w = w.new_zeros(w.shape)  # contiguous, as the fake says (zeros_like would keep a transposed w's strides)
-    if need_w:  # grad w[i] = sum over positions of g_i @ kv^T, in fp32
-        xt = x.float().transpose(1, 2)  # (B*T, E, n_kv)
-        grad_w = torch.stack([torch.bmm(g.float(), xt).sum(0) for g in grads])  # (n_out, n_kv, n_kv)
+    if need_w:  # grad w[i] = sum over positions of g_i @ kv^T, in fp32 (fp64 for fp64 K/V)
+        acc = torch.promote_types(kv.dtype, torch.float32)
+        xt = x.to(acc).transpose(1, 2)  # (B*T, E, n_kv)
+        grad_w = torch.stack([torch.bmm(g.to(acc), xt).sum(0) for g in grads])  # (n_out, n_kv, n_kv)
     return grad_kv.view(kv.shape), grad_w.to(w.dtype)  # contiguous, as the fake says
 
 

@@ -275,7 +275,8 @@ def rope_tables(config):
 
 def apply_rope(x, cos, sin):
     """Rotate pairs (x1[i], x2[i]) = (x[i], x[i + head_dim/2]) by position-dependent angles."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # each (B, heads, T, head_dim/2), rotated in fp32
+    x1, x2 = x.chunk(2, dim=-1)  # each (B, heads, T, head_dim/2)
+    # rotated in the tables' dtype, as a bf16 x fp32 product is fp32: fp32 under autocast, fp64 in a .double() model
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -433,8 +434,10 @@ class GPT(nn.Module):
             cache.pos += T
         logits = self.lm_head(self.transformer.ln_f(self.residual.end(h)))
         loss = None
-        if targets is not None:  # logits as (B*T, vocab) rows, in fp32; targets as (B*T,)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        if targets is not None:  # logits as (B*T, vocab) rows, in fp32 (bf16 goes up, fp64 stays); targets as (B*T,)
+            rows = logits.view(-1, logits.size(-1))
+            loss = F.cross_entropy(rows.to(torch.promote_types(rows.dtype, torch.float32)), targets.reshape(-1),
+                                   ignore_index=-1)
         return logits, loss
 
     # ---- analysis and accounting ---------------------------------------------------------
