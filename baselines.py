@@ -63,7 +63,10 @@ class HyperConnections(Residual):
             Hn = F.rms_norm(H, H.shape[-1:], eps=self.eps)  # no learned gain
             alpha = alpha + self.alpha_scale[i] * torch.tanh(Hn @ self.alpha_fn[i])  # (B, T, n, n + 1)
             beta = beta + self.beta_scale[i] * torch.tanh(Hn @ self.beta_fn[i])  # (B, T, n)
-        mixed = alpha.transpose(-1, -2) @ H  # (B, T, n + 1, C): row 0 the sub-layer's input, then the streams
+        # NOTE a footgun: as a matmul, alpha^T @ H would round every stream at every sub-layer, to bf16 under autocast
+        # and to tf32 on a GPU (train.py allows it), where the plain residual stream stays fp32. So: n multiply-adds
+        mixed = sum(alpha[..., j, :, None] * H[..., j, None, :] for j in range(self.n))  # (B, T, n + 1, C)
+        # row 0 of `mixed` is the sub-layer's input, rows 1..n the streams that go on
         out = f(mixed[..., 0, :])  # (B, T, C)
         return beta[..., None] * out[..., None, :] + mixed[..., 1:, :]  # (B, T, n, C)
 

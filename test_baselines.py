@@ -26,17 +26,20 @@ def outputs_per_block(model, idx):
 
 
 @pytest.mark.parametrize("method", BASELINES)
-def test_a_fresh_model_is_the_baseline(method):
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+def test_a_fresh_model_is_the_baseline(method, autocast):
     """Given none's weights, every stream after every block is exactly none's residual stream, and so
     are the logits (Hyper-Connections: the final norm reads the sum of n equal streams, which it
-    scales back, up to its epsilon: held to rounding with a tiny one)."""
+    scales back, up to its epsilon: held to rounding with a tiny one). Under bf16 autocast too: the
+    streams stay in fp32, as none's does (a matmul would have rounded Hyper-Connections' to bf16)."""
     eps = dict(norm_eps=1e-12) if method.startswith("hc") else {}
     base, model = small_model("none", seed=0, **eps), small_model(method, seed=1, **eps)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and missing and all(k.startswith("residual.") or ".router." in k for k in missing)
     idx = tokens()
-    want_logits, want = outputs_per_block(base, idx)
-    logits, got = outputs_per_block(model, idx)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        want_logits, want = outputs_per_block(base, idx)
+        logits, got = outputs_per_block(model, idx)
     for x, h in zip(want, got):  # (B, T, C) against the method's stream
         if method.startswith("hc"):  # (B, T, n, C): n identical copies
             assert h.shape[2] == (2 if method == "hc-2" else 4) and torch.equal(h, x[:, :, None].expand_as(h))
