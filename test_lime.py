@@ -85,6 +85,24 @@ def test_kv_cache_generation_equals_recomputation(mode):
     torch.testing.assert_close(torch.cat(stepped, dim=1), model(ref)[0], rtol=1e-5, atol=1e-5)  # (B, 17, vocab)
 
 
+@pytest.mark.parametrize("mode", ROUTED)
+def test_under_autocast_the_routed_kv_stay_bf16(mode, monkeypatch):
+    """Under bf16 autocast, every layer's routed K/V is bf16 as its own K/V is (fp32 router weights times bf16 K/V
+    would be fp32): what attention reads, and what the KV cache holds, at a vanilla cache's size."""
+    dtypes, route = [], lime.Routing.__call__
+
+    def routed(self, *args):
+        kv = route(self, *args)
+        dtypes.append(kv.dtype)
+        return kv
+
+    monkeypatch.setattr(lime.Routing, "__call__", routed)
+    model = perturbed(small_model(mode), 0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens())
+    assert dtypes == [torch.bfloat16] * model.config.n_layer
+
+
 @pytest.mark.parametrize("mode", EVERY)
 def test_every_parameter_of_a_method_learns_and_a_checkpoint_keeps_it(mode):
     """Each parameter of the method (its routers', its residual stream's) moves in two SGD steps (a gate that starts
