@@ -115,7 +115,9 @@ class Router(Method):
         super().__init__()
         self.layer, self.n_kv = layer, config.n_kv_head
         self.sources = self.source_layers(layer, J)  # layer ids; route_reference's `sources` are their K/V
-        assert self.sources == sorted(set(self.sources)) and self.sources[-1] == layer, self.sources
+        if self.sources != sorted(set(self.sources)) or self.sources[-1:] != [layer] or self.sources[0] < 0:
+            raise ValueError(f"{type(self).__qualname__}.source_layers({layer}, {J}) gave {self.sources}: it must "
+                             f"list distinct layers of 0..{layer}, ascending, the layer itself last")
 
     def source_layers(self, layer, J):
         return list(range(layer + 1))

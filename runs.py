@@ -77,8 +77,8 @@ def main(script, argv, cls, presets, train, description=None):
         if dry_run:
             run.check_weights()  # on the meta device: no memory, no time
             if run.master:  # (under torchrun, once, not once per process)
-                print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags and the checkpoints "
-                      "they name check out; no data was read, nothing was written)")
+                print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags, the model and the "
+                      "checkpoints they name check out; no data was read, nothing was written)")
             return None
         with Signals() as run.signals:
             return train(cfg, run)
@@ -131,8 +131,9 @@ def build_parser(cls, defaults, description=None):
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start over in an <out-dir> that holds a run: its files ({', '.join(RUN_FILES)}) are deleted")
-    p.add_argument("--dry-run", action="store_true", help="check the flags and the checkpoints they name, print "
-                                                          "the config, and stop: no data is read, nothing written")
+    p.add_argument("--dry-run", action="store_true", help="check the flags, the model and the checkpoints they "
+                                                          "name, print the config, and stop: no data is read, nothing "
+                                                          "written")
     return p
 
 
@@ -381,12 +382,14 @@ class Run:
         return ckpt["step"], mask
 
     def check_weights(self):
-        """--dry-run: what restore() checks of the weights it would load (and of their pruning mask; not of the
-        optimiser state), on a model of the meta device: no memory, no time."""
+        """--dry-run: the model, built (a method that cannot be built at this shape fails here, not in the run),
+        and what restore() checks of the weights it would load (and of their pruning mask; not of the optimiser
+        state), on the meta device: no memory, no time."""
         start = self.start()
-        if start is not None:
-            with torch.device("meta"):
-                load_weights(GPT(GPTConfig.of(self.cfg)), *start)
+        with torch.device("meta"):
+            model = GPT(GPTConfig.of(self.cfg))
+            if start is not None:
+                load_weights(model, *start)
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an

@@ -681,6 +681,26 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(monkeypatch):
     assert "quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
 
 
+def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(monkeypatch, answer_dir, tmp_path):
+    """source_layers() that lists a layer twice (layer 0, then the last J, at layer 1) passes the probe at layer 2;
+    the model it cannot build is an error that names the router and what it gave, in train.py --dry-run already
+    (so grid.py refuses it before it writes anything), not in every run."""
+    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
+
+    class Twice(lime.LIMe):
+        name = "twice-J"
+
+        def source_layers(self, layer, J):
+            return [0] + list(range(max(0, layer - J + 1), layer + 1))
+
+    assert "twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    message = re.escape("Twice.source_layers(1, 2) gave [0, 0, 1]: it must list distinct layers of 0..1, ascending, "
+                        "the layer itself last")
+    with pytest.raises(ValueError, match=message):
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=twice-2", "--dry-run"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_initial_weights_have_the_stated_scales():
     """GPT-2's init (GPT.init_weights): the embedding and every Linear N(0, 0.02), the residual branches' outputs
     (c_proj) N(0, 0.02 / sqrt(2 n_layer)), RMSNorm gains one. Over thousands of draws each, the sample sd is
