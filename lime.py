@@ -325,7 +325,8 @@ class MLP(nn.Module):
 class Residual(Method):
     """The residual stream: what each sub-layer (attention, then the MLP, in every block) reads, and
     how its output joins the stream. Here the pre-norm residual, h + f(h). A method of the stream
-    (baselines.py) is a subclass with a name, chosen by --router; its model then routes no K/V."""
+    (baselines.py) is a subclass with a name, chosen by --router, that overrides what it changes; its
+    model then routes no K/V. Sub-layer i of 2 * n_layer: 2l the attention of block l, 2l + 1 its MLP."""
 
     def __init__(self, config=None, J=None):  # (the arguments every method of the stream is built with)
         super().__init__()

@@ -62,8 +62,8 @@ class TrainConfig(runs.EvalConfig):
     min_lr: float = option(1e-6, "learning rate at the end of the schedule", rule=NON_NEGATIVE)
     warmup_steps: int = option(200, "linear warm-up from 0", rule=NON_NEGATIVE)
     schedule: str = option("cosine", "decay after warm-up", choices=("cosine", "linear"))
-    weight_decay: float = option(0.1, "AdamW decay on matmul weights (not norms, embeddings, router)",
-                                 rule=NON_NEGATIVE)
+    weight_decay: float = option(0.1, "AdamW decay on matmul weights (not norms, embeddings, a router's or a "
+                                      "residual stream method's)", rule=NON_NEGATIVE)
     beta1: float = option(0.9, "AdamW beta1", rule=UNIT)
     beta2: float = option(0.95, "AdamW beta2", rule=UNIT)
     eps: float = option(1e-8, "AdamW epsilon", rule=NON_NEGATIVE)
