@@ -63,7 +63,8 @@ def parse_router(spec):
         name, J = f"{name}-J", known[f"{name}-J"].J
     if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
-        raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms))
+        raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
+                         + "; a method of your own joins them once its module is in methods.MODULES")
     return known[name], J
 
 
