@@ -18,7 +18,6 @@ in LIMe, the layer's own values in the baseline.
 from cli import (POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
                  one_line_errors, pick_device, show_value)
 
-import argparse
 import json
 import os
 import re
@@ -438,7 +437,7 @@ def cmd_prune(args):
 
 
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)  # subcommands share Parser's one-line errors
     for name, help_text in (("routes", "router heatmap per layer and source layer"),
                             ("entropy", "Renyi entropy of values and hidden states per layer"),

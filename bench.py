@@ -28,7 +28,6 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 from cli import (DataError, Parser, UsageError, a_path, atomic_write, autocast_for, fail, folder_problem,
                  one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
-import argparse
 import json
 import re
 import statistics
@@ -315,7 +314,7 @@ def print_table(results, base, title):
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__)
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")

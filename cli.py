@@ -65,7 +65,22 @@ class DataError(Exception):
     """Something the command reads is missing or broken, a problem the user can fix: one line, exit code 1."""
 
 
+class Help(argparse.RawDescriptionHelpFormatter):
+    """The description as written, and a flag's default after its help, as train.py writes it ("[0.9]"),
+    where it has one and its help does not say it already."""
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if action.option_strings and not (default is None or default is False or default == argparse.SUPPRESS
+                                          or "default" in text):
+            text += " [%(default)s]"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class=Help, **kwargs):  # (analyze.py's subcommands too)
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
     def error(self, message):  # one line, like every other bad input, not argparse's usage block
         raise UsageError(message)
 

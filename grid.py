@@ -21,7 +21,6 @@ and what the folders hold already.
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import DataError, Parser, UsageError, folder_problem, one_line_errors, read_json
 
-import argparse
 import dataclasses
 import json
 import os
@@ -81,7 +80,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    p = Parser(prog="grid.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="grid.py", description=__doc__)
     p.add_argument("--fields", default="int,mod", help="comma-separated: int, mod")
     p.add_argument("--targets", default="steps,answer", help="comma-separated: steps, answer")
     p.add_argument("--count", default="operators", choices=["operands", "operators"], help="what a tier counts")

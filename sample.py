@@ -18,7 +18,6 @@ task vocabulary. Generation uses the KV cache.
 from cli import (SEED, DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, show_metrics,
                  synchronize)
 
-import argparse
 import random
 import time
 from pathlib import Path
@@ -133,7 +132,7 @@ def samples(model, codec, args, device, autocast):
 
 
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__)
     p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
                                    "(default: random test expressions or questions, or <|endoftext|>)")
