@@ -105,7 +105,7 @@ class Router(Method):
 
     The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
     (`dense`), whether top-p pruning applies (`prunable`), the FLOPs (GPT.estimate_flops) and the
-    initial values (GPT.init_weights, unless the class has an init_weights() of its own).
+    initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew).
     Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
     """
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
