@@ -489,6 +489,18 @@ def test_flops_routing_term():
     assert none.estimate_flops(32) == 6 * (n["total"] - n["norm"]) + 12 * 6 * 4 * head_dim * 32
 
 
+@pytest.mark.parametrize("mode", EVERY)
+def test_a_method_is_counted_in_its_part(mode):
+    """num_params() counts every parameter once, a method's own as its part (router, residual): all that it adds to
+    none; estimate_flops() reads every method (what its FLOPs are is for the method's own test)."""
+    model, none = small_model(mode), small_model("none")
+    counts = model.num_params()
+    own = sum(p.numel() for m in model.modules() if isinstance(m, methods.Method) for p in m.parameters())
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["router"] + counts["residual"] == own == counts["total"] - none.num_params()["total"]
+    assert model.estimate_flops(32) >= none.estimate_flops(32)
+
+
 def test_compiled_equals_eager():
     model, idx = routed_model("lime", n_layer=2), tokens()
     ref_logits, ref = run_routing(model, idx, reference=False)
