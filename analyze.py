@@ -9,9 +9,9 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
     python analyze.py curves  out/grid/*/*                             # validation accuracy and loss against step
     python analyze.py prune   --out-dir out/deep-lime --top-p 0.9      # top-p pruning of the routers (v1, Table 5)
 
-Each command prints a table; with matplotlib installed it also saves a PNG next to the
-(first) checkpoint. "Values" are what each layer's attention reads: the routed values
-in LIMe, the layer's own values in the baseline.
+Each command prints a table; with matplotlib installed, routes, entropy, probe and prune also save
+a PNG next to the (first) checkpoint, and curves one in the folder that holds the runs. "Values" are
+what each layer's attention reads: the routed values in LIMe, the layer's own values in the baseline.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
