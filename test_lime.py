@@ -492,9 +492,12 @@ def test_flops_routing_term():
 @pytest.mark.parametrize("mode", EVERY)
 def test_a_method_is_counted_in_its_part(mode):
     """num_params() counts every parameter once, a method's own as its part (router, residual): all that it adds to
-    none; estimate_flops() reads every method (what its FLOPs are is for the method's own test)."""
+    none; estimate_flops() reads every method (what its FLOPs are is for the method's own test). The same on the meta
+    device, where train.py --dry-run builds the model (as test_150m_parameter_count_and_flops counts it)."""
     model, none = small_model(mode), small_model("none")
     counts = model.num_params()
+    with torch.device("meta"):
+        assert GPT(small_config(mode)).num_params() == counts
     own = sum(p.numel() for m in model.modules() if isinstance(m, methods.Method) for p in m.parameters())
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["router"] + counts["residual"] == own == counts["total"] - none.num_params()["total"]
