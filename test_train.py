@@ -188,6 +188,42 @@ def test_learning_rate_schedules():
     assert train.learning_rate(35, cfg) == pytest.approx(1e-6 + 0.75 * (1e-3 - 1e-6))
 
 
+def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_dir, tmp_path, monkeypatch):
+    """Batch 8 as 2 micro-steps of 4: each micro-step draws rows of its own, the loss a step logs and backpropagates
+    is the mean over them (each micro-step's loss / 2), and every parameter group steps at the schedule's rate times
+    its scale (the router's: --router-lr / --lr)."""
+    real_batch, batches = arithmetic.Data.batch, []
+    monkeypatch.setattr(arithmetic.Data, "batch", lambda self, rng, n: batches.append(real_batch(self, rng, n)) or
+                        batches[-1])
+    out = tmp_path / "run"
+    train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1"))
+    assert len(batches) == 2 and not torch.equal(batches[0][0], batches[1][0])
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    cfg = train.TrainConfig(**ckpt["config"])
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig.of(cfg))  # the initial weights, drawn as train.py draws them
+    assert train_losses(out)[1] == pytest.approx(sum(model(x, y)[1].item() for x, y in batches) / 2, rel=1e-6)
+    rates = {g["lr_scale"]: g["lr"] for g in ckpt["optimizer"]["param_groups"]}
+    assert rates == pytest.approx({1.0: train.learning_rate(0, cfg), cfg.router_lr / cfg.lr:
+                                   train.learning_rate(0, cfg) * cfg.router_lr / cfg.lr})
+
+
+def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path):
+    """AdamW's first step moves each weight by about the learning rate whatever the gradient's size, unless the
+    gradient is far below its epsilon (1e-8): clipped to a norm of 1e-12, no weight moves by even 1e-6."""
+    moved = {}
+    for clip in ("1", "1e-12"):
+        out = tmp_path / clip
+        train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1", "--weight-decay=0",
+                             f"--grad-clip={clip}"))
+        cfg = train.TrainConfig(**torch.load(out / "ckpt.pt", weights_only=True)["config"])
+        torch.manual_seed(cfg.seed)
+        start = GPT(GPTConfig.of(cfg)).state_dict()
+        end = torch.load(out / "ckpt.pt", weights_only=True)["model"]
+        moved[clip] = max((end[k] - start[k]).abs().max().item() for k in start)
+    assert moved["1"] > 0.5 * train.learning_rate(0, cfg) and moved["1e-12"] < 1e-6, moved
+
+
 def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=4", "--eval-interval=4")]
