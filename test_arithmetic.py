@@ -11,12 +11,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import arithmetic
 import prepare_data
 from cli import DataError
 from conftest import ANSWERS, error_of
-from data import evaluate
+from data import evaluate, evaluate_loss
 from lime import GPT, GPTConfig
 
 def evaluate_text(text, modulus=None):
@@ -160,6 +161,13 @@ def test_answer_target_loss_covers_only_the_answer(tmp_path):
                                             task=None))
     steps.task = dataclasses.replace(task, target="steps")  # the same rows as solutions end with <eos>, learned too
     assert [t for t in steps.collate([steps.encode_row(lines[0])])[1][0].tolist() if t >= 0][-1] == steps.vocab.eos
+    # the validation loss is the mean over the scored tokens alone (an answer each), in micro-batches of any size
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=32, block_size=24, vocab_size=64))
+    x, y = data.collate(data.val)
+    scored = y >= 0  # (rows, 24): one True a row
+    want = F.cross_entropy(model(x)[0][scored], y[scored])
+    assert scored.sum(1).eq(1).all() and evaluate_loss(model, data, 3, "cpu", contextlib.nullcontext()) == \
+        pytest.approx(want.item(), rel=1e-5)
 
 
 def test_a_batch_is_its_rows_collated_one_by_one(arith_dir):
