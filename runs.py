@@ -373,12 +373,13 @@ class Run:
         mask = load_weights(model, ckpt, where)
         if ckpt is self.init:
             return 0, mask
+        built = [{k: group[k] for k in HYPERPARAMETERS if k in group} for group in optimizer.param_groups]
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:  # (a 'state' that is a list, ...)
             raise DataError(f"{where} holds an optimiser state its config does not describe "
                             f"({load_problem(e)})") from None
-        check_optimizer(optimizer, model, where)
+        check_optimizer(optimizer, model, where, built)
         return ckpt["step"], mask
 
     def check_weights(self):
@@ -552,19 +553,30 @@ def pruning_mask(ckpt, model, path):
     return mask
 
 
-def check_optimizer(optimizer, model, where):
-    """What load_state_dict takes without a word but AdamW's first step would fail on (a traceback, once the run's
-    folder is rewritten) or diverge from: hyperparameters that are not numbers, moments missing or of another shape
-    than their weight (parameters in another order), not finite, or a second moment below 0. A DataError naming
-    `where` (the flag and file) and the weight."""
+# what the config sets in each of AdamW's parameter groups (train.py's param_groups), or sets how it steps: the
+# checkpoint's groups replace them as it loads, so that a damaged one would train on with other values than the config's
+HYPERPARAMETERS = ("betas", "eps", "weight_decay", "lr_scale", "amsgrad", "maximize")
+
+
+def same(value, built):
+    """Whether a hyperparameter as loaded is the one the config built: of its kind, and equal (a NaN is not)."""
+    if isinstance(built, tuple):
+        return isinstance(value, (list, tuple)) and len(value) == len(built) and all(map(same, value, built))
+    return of_kind(value, type(built)) and value == built
+
+
+def check_optimizer(optimizer, model, where, built):
+    """What load_state_dict takes without a word but AdamW's steps would fail on (a traceback, once the run's folder
+    is rewritten) or train on silently: hyperparameters other than `built`, those of the config's groups (a damaged
+    lr_scale, maximize=True); moments missing or of another shape than their weight (parameters in another order),
+    not finite, or a second moment below 0; a count of steps that is not finite or below 0 (a division by 0 in the
+    bias correction). A DataError naming `where` (the flag and file), and the weight."""
     names = {p: name for name, p in model.named_parameters()}
-    for group in optimizer.param_groups:
-        betas = group.get("betas")
-        numbers = [*betas] if isinstance(betas, (list, tuple)) and len(betas) == 2 else [betas]
-        numbers += [group.get("eps"), group.get("weight_decay")]
-        if not all(of_kind(x, float) and math.isfinite(x) for x in numbers):
-            raise DataError(f"{where} holds an optimiser state its config does not describe (betas {betas!r}, eps "
-                            f"{group.get('eps')!r}, weight_decay {group.get('weight_decay')!r})")
+    for group, want in zip(optimizer.param_groups, built):
+        other = next((k for k, v in want.items() if not same(group.get(k), v)), None)
+        if other:
+            raise DataError(f"{where} holds an optimiser state its config does not describe ({other} "
+                            f"{group.get(other)!r}, not {want[other]!r})")
         for p in group["params"]:
             state = optimizer.state.get(p) or {}  # (none: a weight that has had no step)
             for key in ("exp_avg", "exp_avg_sq") if state else ():
@@ -577,6 +589,11 @@ def check_optimizer(optimizer, model, where):
                 wrong = "not finite" if not t.isfinite().all() else "negative" if negative else None
                 if wrong:
                     raise DataError(f"{where} is damaged: its optimiser state's {key} of {names.get(p)} is {wrong}")
+            count = state.get("step", 0)
+            count = count.item() if torch.is_tensor(count) and count.numel() == 1 else count
+            if not (of_kind(count, float) and 0 <= count < math.inf):
+                raise DataError(f"{where} is damaged: its optimiser state's step of {names.get(p)} is {count!r}, "
+                                "not a count of steps")
 
 
 def load_problem(e):

@@ -653,7 +653,18 @@ DAMAGED = [
     ("train", then(on_the_copy, edit_moments(lambda s: s["exp_avg_sq"].fill_(-1.0)), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's exp_avg_sq of transformer.", " is negative")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
-        betas="x")), resume), 1, "ckpt.pt holds an optimiser state its config does not describe (betas 'x', eps "),
+        betas="x")), resume), 1, "ckpt.pt holds an optimiser state its config does not describe (betas 'x', not (0.9"),
+    # what AdamW's steps read of the state but load_state_dict takes as it is: a traceback once the folder was
+    # rewritten (the finished run's summary.json gone), or a run trained on with other values than its config's
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
+        lr_scale="x")), resume), 1, "ckpt.pt holds an optimiser state its config does not describe (lr_scale 'x', not "
+                                    "1.0)"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
+        maximize=True)), resume), 1, "an optimiser state its config does not describe (maximize True, not False)"),
+    ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=torch.tensor(-1.0))), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is -1.0, not a count of steps")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state=[1])), resume),
+     1, "ckpt.pt holds an optimiser state its config does not describe ('list' object has no attribute 'items')"),
     # a vocabulary in another order: the run's token ids would read as other tokens, its scores silently wrong
     ("sample", then(on_the_copy, lambda d, r, t: write(d / "meta.json", json.dumps(
         {**json.loads((d / "meta.json").read_text()), "vocab": arithmetic.Task().vocab()[::-1]})),
