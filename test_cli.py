@@ -408,6 +408,14 @@ def edit_moments(change):
     return lambda d, r, t: edit_checkpoint(r, lambda ckpt: change(next(iter(ckpt["optimizer"]["state"].values()))))
 
 
+def flip_a_bit(r):
+    """One bit of one weight in the run's ckpt.pt flipped, as a disk or a copy may: torch.load reads another weight."""
+    weight = torch.load(r / "ckpt.pt", weights_only=True)["model"]["transformer.h.0.mlp.c_fc.weight"]
+    data = (r / "ckpt.pt").read_bytes()
+    at = data.index(weight.numpy().tobytes()[:64])
+    write(r / "ckpt.pt", data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+
+
 def meta_edit(**changes):
     """The data's meta.json edited by hand: it names another regime than its lines are."""
     return lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()), **changes}))
@@ -665,6 +673,8 @@ DAMAGED = [
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is -1.0, not a count of steps")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state=[1])), resume),
      1, "ckpt.pt holds an optimiser state its config does not describe ('list' object has no attribute 'items')"),
+    ("sample", then(lambda d, r, t: flip_a_bit(r), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     ("ckpt.pt is damaged: its ", "/data/", " fails its checksum (a byte changed on disk or in a copy)")),  # (scored)
     # a vocabulary in another order: the run's token ids would read as other tokens, its scores silently wrong
     ("sample", then(on_the_copy, lambda d, r, t: write(d / "meta.json", json.dumps(
         {**json.loads((d / "meta.json").read_text()), "vocab": arithmetic.Task().vocab()[::-1]})),
