@@ -264,8 +264,10 @@ def parse_tree(text):
                     raise DataError(f"missing ')' in {text!r}")
                 pos += 1
                 return node
-            if not tok.isdigit():
+            if not (tok.isascii() and tok.isdigit()):  # (not '²', a digit that int() does not read)
                 raise DataError(f"expected a number, got {tok!r} in {text!r}")
+            if len(tok) > len(str(LARGEST)):  # (nor 5000 digits, past what int() reads)
+                raise DataError(f"a number of {len(tok)} digits, past every task's range, in {text[:40]!r}...")
             return int(tok)
         node = parse(level + 1)
         while pos < len(tokens) and PRECEDENCE.get(tokens[pos]) == level:

@@ -250,6 +250,8 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "-3", "--temperature", "1"], 2, "got -3"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "5"], 2, "--top-k cuts what sampling draws from, and "
      "this decodes greedily (temperature 0, the default for arithmetic and prosqa: give --temperature too)"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--start", "1 + ² + 3"], 2,  # a digit that int() does not read
+     "--start: expected a number, got '²' in '1 + ² + 3'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,
@@ -481,6 +483,10 @@ DAMAGED = [
     ("sample", then(on_the_copy, lambda d, r, t: [write(p, "( 7 + *\n") for p in d.glob("test_*.txt")],
                     lambda d, r, t: ["--out-dir", str(r), "--num-samples", "1"]), 1,
      "txt, line 1: not a sample of the task (expected a number, got '*' in '( 7 + *')"),
+    ("sample", then(on_the_copy, lambda d, r, t: edit_lines(d / "test_4.txt", lambda lines: ["9" * 5000 + " + 1 = 1\n",
+                                                                                         *lines[1:]]),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,  # (more digits than int() reads)
+     "test_4.txt, line 1: not a sample of the task (a number of 5000 digits, past every task's range, in '99999"),
     ("train", lambda d, r, t: ["--preset=tiny", f"--data-dir={t / 'arithmetc-quick'}", f"--out-dir={t / 'run'}"], 1,
      "no arithmetic data in"),  # a mistyped folder is not generated
     ("train", then(lambda d, r, t: (write(t / "lang" / "x_train_000000.bin", bytes(1100)),
