@@ -412,6 +412,9 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
             raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
                              "--data-dir, or --overwrite to replace it")
     there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)] if data_dir.is_dir() else []
+    odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
+    if odd:
+        raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
     data = generate(task, seed, train_size, test_size)
     for stale in there:  # what the new data does not replace itself: the folder holds the new data alone
         if stale.stem not in data:

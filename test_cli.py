@@ -724,6 +724,13 @@ DAMAGED = [
     ("prepare_data", then(lambda d, r, t: [p.unlink() for p in d.glob("val_*.txt")],  # (not a folder from before them)
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
                                            "--test-size=10"]), 2, "val_4.txt is missing"),
+    # a folder by the name of one of the data's files: not a traceback after meta.json was deleted
+    ("prepare_data", then(lambda d, r, t: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--overwrite"]), 1,
+     "meta.json is not a file but the data's files go by that name: move it away"),
+    ("prepare_data", then(lambda d, r, t: (d / "val_9.txt").mkdir(),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--overwrite"]), 1,
+     "val_9.txt is not a file but the data's files go by that name: move it away"),
     # a token shard of no tokens, made or downloaded before
     ("prepare_data", then(lambda d, r, t: (write_shard(t / "shakespeare_train_000000.bin", [5, 2] * 600),
                                            write(t / "shakespeare_val_000000.bin", NO_TOKENS)),
