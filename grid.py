@@ -133,6 +133,8 @@ def main(argv=None):
                 for seed in seeds]
         for name, router, seed, _ in runs:  # (a run's output goes to a file of that name, opened as it starts)
             log = Path(args.out_dir) / name / f"{router}-seed{seed}" / "train.out"
+            if folder_problem(log.parent):  # (a file where the run's folder goes, say)
+                raise DataError(f"{folder_problem(log.parent)}, where a run of the grid goes: move it away")
             if log.exists() and not log.is_file():
                 raise DataError(f"{log} is not a file but a run's output goes by that name: move it away")
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
@@ -246,7 +248,7 @@ def run_grid(runs, args, extra):
                                          for split, prefix in (("test", ""), ("val", "val_")))
                         print(f"[{done}/{len(runs)}] {label}: {accs} ({(time.time() - t) / 60:.1f} min)", flush=True)
                     else:
-                        lines = (out / "train.out").read_text().strip().splitlines() or ["(no output)"]
+                        lines = (out / "train.out").read_text(errors="replace").strip().splitlines() or ["(no output)"]
                         failed.append(label)
                         print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
         except (KeyboardInterrupt, BrokenPipeError) as e:  # a signal, or what read the grid's output closed it

@@ -641,6 +641,10 @@ DAMAGED = [
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
                                    str(t / "root"), "--out-dir", str(t / "g")]), 1,
      "lime-seed1/train.out is not a file but a run's output goes by that name: move it away"),  # (once runs started)
+    ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1", "not a run"),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+                                   str(t / "root"), "--out-dir", str(t / "g")]), 1,
+     "lime-seed1 is a file, not a folder, where a run of the grid goes: move it away"),  # (once runs started)
     ("prepare_data", then(lambda d, r, t: os.symlink(t / "nowhere", t / "link"),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(t / "link")]), 2,
      "link is a symbolic link to nothing (or back to itself)"),

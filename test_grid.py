@@ -78,6 +78,23 @@ def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, tr
     assert snapshot(tmp_path) == before
 
 
+def test_a_run_that_fails_is_named_whatever_its_output_holds(tmp_path, capsys, train_in_this_process):
+    """A run whose train.out holds bytes that are not UTF-8 (damaged, then appended to): its last line, not a traceback
+    with the other runs left training."""
+    run = tmp_path / "out" / "mod11-answer-operators-2" / "lime-seed1"
+    run.mkdir(parents=True)
+    (run / "train.out").write_bytes(b"\xff\xfe\n")
+    (run / "ckpt.pt").write_bytes(b"")  # an unfinished run's checkpoint, cut short: its --resume fails
+    with pytest.raises(SystemExit) as e:
+        grid.main(["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40", "--test-size", "6",
+                   "--routers", "lime", "--seeds", "1", "--data-root", str(tmp_path / "data"), "--out-dir",
+                   str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: mod11-answer-operators-2 lime seed 1 (see " \
+        "train.out in each)\n"
+    assert f"FAILED, exit 1: train.py: error: --resume: {run / 'ckpt.pt'} is empty" in out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
     (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
