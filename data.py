@@ -50,7 +50,7 @@ def check_shard(path):
     name = Path(path).name.removesuffix(".part")
     try:
         with open(path, "rb") as f:
-            header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+            header = np.frombuffer(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"), dtype="<i4")  # (cut short: 0s)
     except OSError as e:  # a folder of that name, say
         raise DataError(f"{name}: cannot be read ({e.strerror})") from None
     if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:

@@ -493,6 +493,11 @@ DAMAGED = [
                                     write(t / "lang" / "x_val_000000.bin", b"")),
                    lambda d, r, t: ["--preset=tiny", "--data=shakespeare", f"--data-dir={t / 'lang'}",
                                     f"--out-dir={t / 'run'}"]), 1, "x_val_000000.bin: not a token shard"),
+    ("train", then(lambda d, r, t: (write_shard(t / "lang" / "x_train_000000.bin", [5, 2] * 600),
+                                    write(t / "lang" / "x_val_000000.bin", struct.pack("<3i", MAGIC, 1, 600)[:10])),
+                   lambda d, r, t: ["--preset=tiny", "--data=shakespeare", f"--data-dir={t / 'lang'}",
+                                    f"--out-dir={t / 'run'}"]), 1,  # (cut inside its header: a traceback)
+     "x_val_000000.bin: 10 bytes, but its header announces 600 tokens (2224 bytes)"),
     # GPT-2's token ids past the small presets' vocabulary: one line with the flag that fits, not an IndexError
     ("train", then(lambda d, r, t: (t / "lang").mkdir(),
                    lambda d, r, t: [write_shard(t / "lang" / f"x_{split}_000000.bin", [5, 2000] * 600)
