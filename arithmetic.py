@@ -60,6 +60,11 @@ class Task:
                               ("target", ("steps", "answer"))):
             if getattr(self, name) not in choices:
                 raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
+        for name in ("modulus", "max_operand", "max_value", "tiers"):  # (a meta.json or a config may hold '11', 4.5)
+            values = self.tiers if name == "tiers" else (getattr(self, name),)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                what = "whole numbers" if name == "tiers" else "a whole number"
+                raise DataError(f"--{name.replace('_', '-')} must be {what}, got {getattr(self, name)!r}")
         if self.top > LARGEST:  # first: a vocabulary far past it would take forever to build
             flag, value, most = ("--max-value", self.max_value, LARGEST) if self.field == "int" else \
                 ("--modulus", self.modulus, LARGEST + 1)
