@@ -28,8 +28,10 @@ from generation import generate
 MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
 
 
-def batch_rng(seed, step, rank, micro):
-    return np.random.default_rng([seed, step, rank, micro])
+def batch_rng(seed, step, micro):
+    """The generator of micro-batch `micro` of a step, counted over every process (rank * micro-steps per process + its
+    own): one process with 8 micro-steps draws the rows that 8 processes with one each draw."""
+    return np.random.default_rng([seed, step, 0, micro])  # (the 0: a rank's place once; one process's rows as before)
 
 
 # -----------------------------------------------------------------------------

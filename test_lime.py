@@ -141,7 +141,7 @@ def test_resume_is_exact(mode, answer_dir, tmp_path, capsys):
 
 def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path, monkeypatch):
     """A fork's method may draw while it trains (dropout, stochastic depth): train.py seeds torch at every micro-step
-    from (seed, step, rank, micro-step), as it draws the batches: a resumed run draws what an uninterrupted one would."""
+    from (seed, step, micro-batch), as it draws the batches: a resumed run draws what an uninterrupted one would."""
     monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
 
     class Noisy(lime.Residual):

@@ -242,8 +242,13 @@ def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
     assert "2 process(es)" in result.stdout and result.stdout.count("step 4/4") == 1  # only rank 0 prints
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and math.isfinite(summary["val_loss"])
-    # 2 processes x micro-batch 4 = the batch of 8 in a single micro-step each
+    # 2 processes x micro-batch 4 = the batch of 8 in a single micro-step each: the rows, and so the weights, of one
+    # process with 2 micro-steps of 4 (up to the order in which the gradients are summed)
     assert "1 micro-step(s) of 4" in result.stdout
+    train.main(tiny_args(answer_dir, tmp_path / "one", "--max-steps=4", "--eval-interval=4"))
+    one, two = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (tmp_path / "one", out))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):

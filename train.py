@@ -13,7 +13,8 @@ configuration is printed, saved as <out-dir>/config.json and kept in every check
 --init-from starts a new run, on any data, from the weights of another one: the model's
 shape comes from that run (all but --block-size), the optimiser and the step start afresh.
 Data batches, and torch's random numbers during a step, are a pure function of (seed, step,
-rank, micro-step), so a resumed run sees exactly the batches and draws an uninterrupted one would.
+micro-batch), so a resumed run sees exactly the batches and draws an uninterrupted one would, and
+one process with 8 micro-steps the rows that 8 processes (torchrun) with one each see.
 The plumbing around this recipe (flags, resume, signals, checkpoints, the run's folder) is in runs.py.
 """
 
@@ -245,7 +246,7 @@ def train(cfg, run):
                 group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
-                rng = batch_rng(cfg.seed, step, rank, micro)
+                rng = batch_rng(cfg.seed, step, rank * accum + micro)  # its place in the step, over every process
                 x, y = data.batch(rng, cfg.micro_batch_size)
                 torch.manual_seed(int(rng.integers(2**63)))  # a method's own draws (a fork's dropout): resumed alike
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
