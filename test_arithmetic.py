@@ -207,6 +207,24 @@ def test_a_data_folder_from_before_the_knobs_loads_as_it_was(tmp_path, capsys):
     assert sorted(metrics) == ["acc_4", "acc_5", "acc_6", "val_loss", "val_ppl"]
 
 
+def test_a_solution_carries_out_the_leftmost_operation_it_can_at_each_step():
+    task = arithmetic.Task()  # the default regime: int, step by step
+    assert task.solution(arithmetic.parse_tree("( 1 + 2 ) * ( 3 + 4 ) - 5")) == \
+        "( 1 + 2 ) * ( 3 + 4 ) - 5 = 3 * ( 3 + 4 ) - 5 = 3 * 7 - 5 = 21 - 5 = 16"
+    assert task.solution(arithmetic.parse_tree("8 - ( 3 - 2 )")) == "8 - ( 3 - 2 ) = 8 - 1 = 7"
+
+
+def test_validation_rows_are_the_first_eval_samples_of_each_tier(answer_dir):
+    """--eval-samples n: accuracy (test and validation) and the validation loss read the first n samples of a tier."""
+    data = arithmetic.Data(SimpleNamespace(data_dir=str(answer_dir), block_size=24, eval_samples=3, preset="arith",
+                                           task=None))
+    split = {name: (answer_dir / f"{name}.txt").read_text().splitlines()[:3]
+             for n in data.task.tiers for name in (f"val_{n}", f"test_{n}")}
+    assert data.vals == {n: split[f"val_{n}"] for n in data.task.tiers}
+    assert data.tests == {n: split[f"test_{n}"] for n in data.task.tiers}
+    assert data.val == [data.encode_row(line) for n in data.task.tiers for line in split[f"val_{n}"]]
+
+
 def test_final_answer_parsing():
     assert arithmetic.final_answer("12 / 4 = 3 <eos> 5 = 7") == 3
     assert arithmetic.final_answer("12 / 4 = 3") == 3
