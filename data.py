@@ -117,9 +117,9 @@ class TokenData:
         self.vocab_size = int(max(self.val_x.max(), self.val_y.max())) + 1
         if with_train:
             self.train = load_tokens(cfg.data_dir, "train")
-            self.sizes = np.array([len(s) - T - 1 for s in self.train])
+            self.sizes = np.array([len(s) - T for s in self.train])  # where a window of T + 1 tokens may start
             if self.sizes.min() < 1:
-                raise DataError(f"a train shard in {cfg.data_dir} is shorter than one block of {T}")
+                raise DataError(f"a train shard in {cfg.data_dir} is shorter than one block of {T} and its next token")
 
     def batch(self, rng, n):
         shard = rng.choice(len(self.train), size=n, p=self.sizes / self.sizes.sum())

@@ -79,6 +79,24 @@ def test_missing_file_is_one_line(serve, tmp_path, capsys):
     assert not folder.exists()  # nothing fetched, no folder made
 
 
+def test_language_windows_predict_the_next_token(tmp_path):
+    """A train row is block_size consecutive tokens of one shard, its targets the same window one token on, from
+    anywhere in the shard (the last start included); the validation windows are the first eval_tokens of the val
+    shard, back to back, their targets one token on too. Shards of counting tokens show each."""
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(100) % 500)
+    for i, size in enumerate((40, 300)):
+        write_shard(tmp_path / f"x_train_{i:06d}.bin", 1000 * i + np.arange(size))  # shard i counts from 1000 i
+    cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=2000))
+    data = TokenData(cfg)
+    x, y = data.batch(np.random.default_rng(0), 4000)
+    assert x.shape == y.shape == (4000, 8)
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1) and torch.equal(y, x + 1)  # within one shard, one token on
+    starts = {(int(first) // 1000, int(first) % 1000) for first in x[:, 0]}
+    assert {start for shard, start in starts if shard == 0} == set(range(40 - 8))  # every start that fits 8 + 1
+    assert {shard for shard, _ in starts} == {0, 1}
+    assert torch.equal(data.val_x, torch.arange(32).view(4, 8)) and torch.equal(data.val_y, data.val_x + 1)
+
+
 def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
     """The validation windows tell the caller the vocabulary they need; a train batch past the model's is a
     DataError, not an embedding lookup's IndexError in the middle of a run."""
