@@ -103,12 +103,16 @@ def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damag
 def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gpt2):
     """Scored by zip, a test split of 3 questions against 4 answers would pair the wrong ones, or leave some out."""
     prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=2)
+    data = prosqa.Data(cfg)  # as written: the first 2 test questions, each with its answer, cut at twice the longest
+    completions = [len(ids) - n for split in ("valid", "test") for ids, n in prosqa.load(tmp_path, split)[0]]
+    answers = [r["answer"] for r in prosqa.check(tmp_path / "prosqa_test.json")[:2]]
+    assert [(answer, most) for _, answer, most in data.tests] == [(a, 2 * max(completions)) for a in answers]
     with np.load(tmp_path / "prosqa_test.npz") as f:
         good = dict(f)
     cut = good["offsets"][3]
     np.savez(tmp_path / "prosqa_test.npz", **{**good, "tokens": good["tokens"][:cut], "offsets": good["offsets"][:4],
                                               "prompt_lens": good["prompt_lens"][:3]})
-    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=2)
     with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'prosqa_test.npz'} holds 3 questions, prosqa_test.json "
                                                   "4: remove the .npz and run `python prepare_data.py prosqa "
                                                   f"--data-dir {tmp_path}`")):
