@@ -55,7 +55,8 @@ def test_output_closed_by_its_reader_is_no_traceback():
     """`python analyze.py ... | head -1`: once head has gone, the script stops without a word. Another pipe broken
     (a worker's, say) is a fault, and keeps its traceback. (The two processes run at once: each imports torch.)"""
     closed = "import cli\nwith cli.one_line_errors('x.py'):\n    for i in range(10**6):\n        print(i)"
-    other = "import cli, os\nwith cli.one_line_errors('x.py'):\n    r, w = os.pipe()\n    os.close(r)\n    os.write(w, b'x')"
+    other = ("import cli, os\nwith cli.one_line_errors('x.py'):\n    r, w = os.pipe()\n    os.close(r)\n"
+             "    os.write(w, b'x')")
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for code in (closed, other)]
     assert procs[0].stdout.readline() == "0\n"

@@ -194,7 +194,8 @@ def run_routing(model, idx, reference, autocast=False, block=None):
 
 @pytest.mark.parametrize("mode", ROUTED)
 def test_fast_routing_equals_the_reference(mode):
-    """kernels.route (and dynamic's per-source sum) against route_reference: forward, every gradient; fp32, bf16, fp64."""
+    """kernels.route (and dynamic's per-source sum) against route_reference: forward, every gradient; fp32, bf16 and
+    fp64."""
     model, idx = routed_model(mode), tokens()
     fast_logits, fast = run_routing(model, idx, reference=False)
     ref_logits, ref = run_routing(model, idx, reference=True)
