@@ -67,12 +67,12 @@ class DataError(Exception):
 
 class Help(argparse.RawDescriptionHelpFormatter):
     """The description as written, and a flag's default after its help, as train.py writes it ("[0.9]"),
-    where it has one and its help does not say it already."""
+    where it has one and its help does not say it already ("(default: ...)")."""
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
         if action.option_strings and not (default is None or default is False or default == argparse.SUPPRESS
-                                          or "default" in text):
+                                          or "(default" in text):
             text += " [%(default)s]"
         return text
 

@@ -121,14 +121,15 @@ def field_type(f):
 
 def build_parser(cls, defaults, description=None):
     """A flag per field of `cls`, helped by the field's metadata (option()'s help text; its name if it
-    has none) and showing its value in `defaults`. Every flag defaults to None, so that what was given
-    can be told from what was not."""
-    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    has none) and showing its value in `defaults` as cli.Help does. Every flag defaults to None, so that what
+    was given can be told from what was not."""
+    p = Parser(description=description)
     for f, kind in flag_fields(cls).items():
         text = f.metadata.get("help") or f.name.replace("_", " ")
         text = text() if callable(text) else text  # a text that depends on what is registered
+        shown = "(default" not in text and defaults[f.name] not in ("", None)  # (not '[]' after '(default out/...)')
         p.add_argument(flag(f.name), type=parse_bool if kind is bool else kind,
-                       help=f"{text} [{defaults[f.name]}]".replace("%", "%%"))
+                       help=(text + f" [{defaults[f.name]}]" * shown).replace("%", "%%"))
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start over in an <out-dir> that holds a run: its files ({', '.join(RUN_FILES)}) are deleted")

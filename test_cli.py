@@ -79,6 +79,25 @@ def test_no_script_imports_another():
         assert not imported & scripts, (name, imported & scripts)
 
 
+
+def test_help_gives_each_flags_default(capsys):
+    """--help (cli.Help; train.py's flags from its config): a flag's default after its help, '[3]', where it has one
+    and its help does not say it ('(default: ...)'): not '[None]', '[False]' or an empty '[]'."""
+    p = cli.Parser(prog="x.py")
+    p.add_argument("--n", type=int, default=3, help="a set of defaults")
+    p.add_argument("--name", help="a name")
+    p.add_argument("--on", action="store_true", help="a switch")
+    p.add_argument("--dir", default="out", help="where (default: out/<name>)")
+    assert " ".join(p.format_help().split()).endswith("--n N a set of defaults [3] --name NAME a name --on a switch "
+                                                      "--dir DIR where (default: out/<name>)")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--preset PRESET named set of defaults: 150m, 1b, deep, arith, prosqa, tiny [150m]" \
+        in text and "--lr LR peak learning rate [0.001]" in text
+    assert "--out-dir OUT_DIR checkpoints and logs (default out/<preset>-<router>) --batch-size" in text
+    assert "fresh optimiser) --data DATA dataset [fineweb-edu]" in text
+
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     """Two runs of an offline preset started at once both generate its data: each write goes through a
     temporary file of its own, so neither renames the other's away (a FileNotFoundError once)."""
