@@ -715,6 +715,9 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(monkeypatch
     with pytest.raises(ValueError, match=message):
         train.main(tiny_args(answer_dir, tmp_path / "run", "--router=twice-2", "--dry-run"))
     assert not (tmp_path / "run").exists()
+    Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
+    with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
+        Twice(small_config("twice-2"), 1, 2)
 
 
 def test_initial_weights_have_the_stated_scales():
