@@ -65,14 +65,20 @@ class DataError(Exception):
     """Something the command reads is missing or broken, a problem the user can fix: one line, exit code 1."""
 
 
+def default_shown(text, value):
+    """Whether --help writes a flag's default after its help text ("[0.9]"): where it has one to show (not None,
+    nor "") and the text does not say its own ("(default out/<preset>-<router>)")."""
+    return value is not None and value != "" and "(default" not in text
+
+
 class Help(argparse.RawDescriptionHelpFormatter):
-    """The description as written, and a flag's default after its help, as train.py writes it ("[0.9]"),
-    where it has one and its help does not say it already ("(default: ...)")."""
+    """The description as written, and a flag's default after its help where default_shown says so, as train.py
+    writes it ("[0.9]"); not a switch's False."""
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if action.option_strings and not (default is None or default is False or default == argparse.SUPPRESS
-                                          or "(default" in text):
+        if action.option_strings and default is not False and default != argparse.SUPPRESS and \
+                default_shown(text, default):
             text += " [%(default)s]"
         return text
 

@@ -27,8 +27,8 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, folder_problem, one_line_errors,
-                 option, pick_device, read_json)
+from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, default_shown, folder_problem,
+                 one_line_errors, option, pick_device, read_json)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -127,7 +127,7 @@ def build_parser(cls, defaults, description=None):
     for f, kind in flag_fields(cls).items():
         text = f.metadata.get("help") or f.name.replace("_", " ")
         text = text() if callable(text) else text  # a text that depends on what is registered
-        shown = "(default" not in text and defaults[f.name] not in ("", None)  # (not '[]' after '(default out/...)')
+        shown = default_shown(text, defaults[f.name])
         p.add_argument(flag(f.name), type=parse_bool if kind is bool else kind,
                        help=(text + f" [{defaults[f.name]}]" * shown).replace("%", "%%"))
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
