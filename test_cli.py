@@ -789,6 +789,19 @@ def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run
     assert snapshot(arith_dir, arith_run, tmp_path) == before
 
 
+def test_a_checkpoint_saved_without_checksums_reads_as_it_is(arith_run, tmp_path):
+    """torch.save with its CRC-32s turned off writes 0 for each: nothing to check there, not a damaged file."""
+    shutil.copytree(arith_run, tmp_path / "run")
+    ckpt = torch.load(arith_run / "ckpt.pt", weights_only=True)
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    read = runs.read_checkpoint(tmp_path / "run")
+    assert read["step"] == ckpt["step"] and all(torch.equal(read["model"][k], w) for k, w in ckpt["model"].items())
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
 def test_peak_memory_is_in_bytes(monkeypatch):
     """A run's summary.json says peak_memory_bytes: on a CPU the peak resident size, which getrusage gives in KiB
