@@ -55,6 +55,8 @@ class Task:
     target: str = "steps"  # steps: the whole solution; answer: only the final number
 
     def __post_init__(self):
+        if not isinstance(self.tiers, (list, tuple)):  # (a meta.json may hold 5 or "4,5,6")
+            raise DataError(f"--tiers must be a list of whole numbers, got {self.tiers!r}")
         object.__setattr__(self, "tiers", tuple(self.tiers))  # JSON gives a list
         for name, choices in (("field", ("int", "mod")), ("count", ("operands", "operators")),
                               ("target", ("steps", "answer"))):
