@@ -463,6 +463,7 @@ def run_suite(args, argv, out):
         out["suite"].append(part)
         if args.json:
             atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+            print(f"wrote {args.json} ({len(out['suite'])} of {len(SUITE)} parts)")
     return out
 
 

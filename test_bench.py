@@ -67,7 +67,9 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     path, argv = tmp_path / "suite.json", ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0",
                                            "--json", str(tmp_path / "suite.json")]
     out = bench.main(argv)
-    assert "note: --suite on cpu times the GPU shapes (t1, t2), which take hours there" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "note: --suite on cpu times the GPU shapes (t1, t2), which take hours there" in printed.err
+    assert f"wrote {path} (1 of 3 parts)" in printed.out and printed.out.endswith(f"wrote {path} (3 of 3 parts)\n")
     assert [part["part"] for part in out["suite"]] == ["t1: kernels", "t1: none,lime", "t2: first-2"]
     assert json.loads(path.read_text()) == json.loads(json.dumps(out))
     assert [(c[c.index("--shape") + 1], c[-5]) for c in commands] == [
