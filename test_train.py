@@ -2,6 +2,7 @@
 stopping, signals save a checkpoint, flags come from the config, several processes."""
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -136,6 +137,27 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(answer_dir, tmp_path,
     assert not (out / "summary.json").exists()
 
 
+def test_a_disk_that_fails_while_a_run_is_saved_leaves_its_files_as_they_were(arith_run, tmp_path, monkeypatch):
+    """ckpt.pt and summary.json are written whole or not at all: a disk that fails during the write (here, as it
+    syncs the file) is a DataError, and the checkpoint and summary from before stay, byte for byte."""
+    run = tmp_path / "run"
+    shutil.copytree(arith_run, run)
+    before = snapshot(run)
+    ckpt = runs.read_checkpoint(run)
+    cfg = train.TrainConfig(**{**ckpt["config"], "out_dir": str(run)})
+    model = GPT(GPTConfig.of(cfg))
+
+    def failing(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(cli.os, "fsync", failing)
+    for write in (lambda: runs.save_checkpoint(run, model, ckpt["optimizer"], 7, ckpt["config"]),
+                  lambda: runs.Run(cfg).finish(dict(router="none", steps=7))):
+        with pytest.raises(cli.DataError, match="Input/output error"):
+            write()
+        assert snapshot(run) == before
+
+
 def test_flags_come_from_the_config_fields():
     """A field added to the config is a flag: helped by option()'s text (by its name without one), a bool
     read as on/off, the defaults of the preset given shown; a field of another type (task) is no flag."""
@@ -259,7 +281,8 @@ def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
 def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):
     old = tmp_path / "old"
     shutil.copytree(arith_run, old)
-    (old / "routes.png").write_bytes(b"a picture of the old run")
+    for name in ("routes.png", "entropy.png", "probe.png", "prune.png", "prune.json"):  # what analyze.py writes there
+        (old / name).write_bytes(b"a picture of the old run")
     before = snapshot(old)
     for run in (old, tmp_path / "log-only"):  # a log alone is a run too: one cut short before its first save
         if run.name == "log-only":
@@ -270,7 +293,7 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
         assert ("--resume" in err) == (run == old) and "--overwrite" in err  # no advice to resume without a ckpt
     assert snapshot(old) == before
     train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
-    # --overwrite starts over: only the new run's files, the old picture gone
+    # --overwrite starts over: only the new run's files, the old pictures gone
     assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
     assert json.loads((old / "summary.json").read_text())["steps"] == 2 and sorted(train_losses(old)) == [1, 2]
     assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
