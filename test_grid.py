@@ -139,8 +139,9 @@ def test_modulus_sets_the_mod_field_alone():
 @pytest.mark.parametrize("stop", ["signal", "closed output"])
 def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys, stop):
     """SIGTERM (a scheduler, `kill`) or Ctrl-C: grid.py passes it on to every run (train.py saves a checkpoint) and
-    waits for them, so that none trains on alone, where the same command run again would start it a second time.
-    So too when what reads its output closes it (`grid.py | head`), which it finds when it next prints."""
+    waits for them, so that none trains on alone, where the same command run again would start it a second time; a
+    second signal while it waits waits too. So too when what reads its output closes it (`grid.py | head`), which it
+    finds when it next prints."""
     runs = []
 
     class Training:  # stands in for subprocess.Popen: a run that trains until it is signalled
@@ -160,6 +161,8 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
             self.signals.append(signum)
 
         def wait(self):
+            if stop == "signal" and self is runs[0]:  # impatient: a second signal, while the runs save
+                os.kill(os.getpid(), signal.SIGTERM)
             self.returncode = 128 + self.signals[0]
 
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
@@ -167,7 +170,7 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
     def as_ctrl_c(signum, frame):  # (SIGTERM not handled by the grid is a failed test, not a killed pytest)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    previous, ended = signal.signal(signal.SIGTERM, as_ctrl_c), None
     try:
         with pytest.MonkeyPatch.context() as m:
             m.setattr(grid.subprocess, "Popen", Training)
@@ -176,14 +179,17 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
                     if line[0].startswith("["):
                         raise BrokenPipeError
                 m.setattr(grid, "print", closed, raising=False)
-            with pytest.raises(SystemExit if stop == "signal" else BrokenPipeError) as e:  # (then one_line_errors
-                grid.run_grid(grid_runs, args, [])                                     # exits 141 without a word)
+            try:  # (a BrokenPipeError: then one_line_errors exits 141 without a word)
+                grid.run_grid(grid_runs, args, [])
+            except (SystemExit, BrokenPipeError, KeyboardInterrupt) as e:  # (a KeyboardInterrupt would end the session)
+                ended = e
         assert signal.getsignal(signal.SIGTERM) is as_ctrl_c  # the grid's handler is gone again
     finally:
         signal.signal(signal.SIGTERM, previous)
+    assert isinstance(ended, SystemExit if stop == "signal" else BrokenPipeError), ended
     if stop == "closed output":  # the run still training is stopped and waited for
         assert runs[0].signals == [] and runs[1].signals == [signal.SIGTERM] and runs[1].returncode == 143
         return
-    assert e.value.code == 143 and [r.signals for r in runs] == [[signal.SIGTERM]] * 2
+    assert ended.code == 143 and [r.signals for r in runs] == [[signal.SIGTERM]] * 2
     assert all(r.returncode == 143 for r in runs)  # each waited for
     assert capsys.readouterr().err == "grid.py: interrupted (SIGTERM); run the same command again to go on\n"
