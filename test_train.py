@@ -462,9 +462,11 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
 
 def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_path, capsys, monkeypatch):
     """--preset=arith sets 200 epochs: --max-steps given instead is the run's length, not silently ignored
-    (and likewise --warmup-steps over --preset=prosqa's warm-up epoch); both at once is an error."""
+    (and likewise --warmup-steps over --preset=prosqa's warm-up epoch); both at once is an error. A --stop-at at
+    that last step is no error: the run ends there anyway."""
     monkeypatch.chdir(tmp_path)
     for argv, want in [(["--preset=arith", "--max-steps=40"], dict(max_steps=40, epochs=0.0)),
+                       (["--preset=arith", "--max-steps=40", "--stop-at=40"], dict(max_steps=40, stop_at=40)),
                        (["--preset=arith"], dict(epochs=200)),
                        (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10))]:
         train.main([*argv, "--dry-run"])
