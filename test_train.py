@@ -96,6 +96,16 @@ def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, f
     assert not out.exists()
 
 
+def test_the_batch_is_split_over_every_process(tmp_path, capsys, monkeypatch):
+    """Under torchrun, --batch-size is over all processes: 8 is not 2 processes' micro-batches of 8, but of 4."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = error_of(train.main, ["--preset=tiny", "--batch-size=8", "--micro-batch-size=8", "--dry-run"], capsys)
+    assert err == "train.py: error: --batch-size=8 is not a multiple of --micro-batch-size=8 x 2 processes"
+    assert train.main(["--preset=tiny", "--batch-size=8", "--micro-batch-size=4", "--dry-run"]) is None
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(answer_dir, out, "--stop-at=2"))
