@@ -330,6 +330,8 @@ BAD_INPUTS = [
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", ""], 2, "argument --save: an empty path"),
     ("analyze", lambda a, r, t: ["curves", str(r), "--out", str(t / "notes.md")], 2,
      "notes.md: the picture is a PNG: give a path ending in .png"),
+    ("train", train_args("--vocab-size=1000"), 2, "--vocab-size=1000 is smaller than the arithmetic vocabulary (1008): "
+                                                 "give --vocab-size=1024"),  # (a size that fits, padded to 64)
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "--router-top-p applies to routers whose "
@@ -566,6 +568,9 @@ DAMAGED = [
      "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
+        k: torch.ones(v.shape, dtype=torch.uint8) for k, v in c["model"].items() if k.endswith("router.weight")})),
+                   resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (~1 is 254, not False)
     # --dry-run loads the weights it names on the meta device: what the run itself would refuse, it refuses
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
