@@ -50,6 +50,25 @@ def test_sample_eval_matches_train(arith_run, language_run, capsys):
     assert metrics == {k: summary[k] for k in ("val_loss", "val_ppl")}
 
 
+def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, tmp_path, capsys):
+    """A sample's last token is only a target: a model whose block holds all but it scores the run as its own block
+    does; a block one token shorter is refused (the data does not fit the saved model: exit 1)."""
+    run = tmp_path / "run"
+    shutil.copytree(arith_run, run)
+    longest = runs.load_data(runs.saved_config(runs.read_checkpoint(run), run), with_train=False).longest
+    summary = json.loads((run / "summary.json").read_text())
+    for block in (longest - 1, longest - 2):
+        ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+        ckpt["config"]["block_size"] = block
+        torch.save(ckpt, run / "ckpt.pt")
+        if block == longest - 1:
+            metrics = sample.main(["--out-dir", str(run), "--eval"])
+            assert metrics == {k: summary[k] for k in metrics} and "acc_6" in metrics
+        else:
+            assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1).endswith(
+                f"holds a sample of {longest} tokens, longer than the model's block_size={block}")
+
+
 def test_data_past_a_saved_models_vocabulary_is_one_line(language_run, tmp_path, capsys):
     """--data-dir anew, with token ids the model's embedding cannot look up: the data is at fault (exit 1)."""
     write_shard(tmp_path / "x_val_000000.bin", [5, 400] * 300)
