@@ -151,3 +151,4 @@ def test_a_run_reads_from_any_folder_and_from_an_older_version(language_run, tmp
     ckpt["config"]["data_dir"] = os.path.relpath(config["data_dir"], tmp_path)
     torch.save(ckpt, old / "ckpt.pt")
     assert sample.main(["--out-dir", str(old), "--eval"]) == expected
+    assert runs.load_checkpoint(old, "cpu")[0].data_dir == config["data_dir"]  # read back as absolute, as saved now
