@@ -123,6 +123,9 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
     msg = error_of(train.main, ["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"],
                    capsys, code=1)
     assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
+    msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={tmp_path / 'nothing'}",
+                                f"--out-dir={tmp_path / 'run'}"], capsys, code=1)  # no advice to run what runs
+    assert msg.endswith(f"; prepare it with `python prepare_data.py shakespeare --data-dir {tmp_path / 'nothing'}`")
     assert not (tmp_path / "run").exists()
 
 
