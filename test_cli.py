@@ -32,6 +32,15 @@ import train
 from conftest import PRUNABLE, error_of, snapshot, tiny_args
 from data import MAGIC, write_shard
 
+def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
+    """--device=cuda:N numbers the visible devices from 0: with one, cuda:0 is it and cuda:1 is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cli.pick_device("cuda:0") == "cuda:0" and cli.pick_device("cuda") == "cuda"
+    with pytest.raises(cli.UsageError, match=re.escape("--device=cuda:1: there are 1 CUDA devices, numbered from 0")):
+        cli.pick_device("cuda:1")
+
+
 def test_peak_flops_only_for_known_devices(monkeypatch):
     names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device])
@@ -245,6 +254,7 @@ def train_args(*flags):
 BAD_INPUTS = [
     ("train", train_args("--seed=-1"), 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
     ("train", train_args("--seed=99999999999999999999"), 2, "--seed must be in 0 .. 2**63 - 1, got 9999"),
+    ("train", train_args(f"--seed={2**63}"), 2, f"--seed must be in 0 .. 2**63 - 1, got {2**63}"),
     ("train", train_args("--grad-clip=inf"), 2, "--grad-clip must be finite, got inf"),
     ("train", train_args("--lr=inf"), 2, "--lr must be finite, got inf"),
     ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
@@ -470,6 +480,9 @@ DAMAGED = [
      ("--init-from: ", "ckpt.pt is not a checkpoint of train.py (torch.load: ")),
     ("train", then(on_the_copy, lambda d, r, t: write(r / "log.jsonl", '{"step": 1}\n{"st\n{"step": 2}\n'), resume), 1,
      "log.jsonl, line 2: not a row of the log ('{\"st'); move the log away to resume without it"),
+    ("train", then(on_the_copy, lambda d, r, t: shutil.rmtree(d), resume), 1,  # the run's own regime, not the preset's
+     ("no arithmetic data in ", ": give --data-dir the folder this run was trained on, or rebuild it with `python "
+      "prepare_data.py arithmetic --data-dir ", " --target steps --train-size 100 --test-size 10`")),
     ("train", then(on_the_copy, another_regime, resume), 1,
      "holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier), but the run was trained on "
      "int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give --data-dir the run's data, "
