@@ -31,6 +31,28 @@ def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
     assert ["warm-up" in l for l in lines] == [True, False, False, False] * 2  # the first speed of a call says so
 
 
+def test_a_run_trained_on_answers_alone_generates_the_answer_alone(whole_run, capsys):
+    """--target answer: one token after '=', the only one such a run learned to write (no <eos> after it, nor more)."""
+    vocab = arithmetic.load(json.loads((whole_run / "config.json").read_text())["data_dir"])[0]
+    for ids in sample.main(["--out-dir", str(whole_run), "--num-samples", "3"]):
+        assert ids.index(vocab.stoi["="]) == len(ids) - 2  # the prompt ends with its one '=', then one token
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all("[right]" in line or "[wrong, the answer is" in line for line in lines)
+
+
+def test_seed_and_defaults_decide_what_is_sampled(arith_run, language_run, offline_gpt2, monkeypatch):
+    """--seed picks the test expressions and seeds the sampling: the same seed, the same samples; another, others.
+    Language samples at temperature 0.8 from the 200 likeliest tokens unless told; a task decodes greedily."""
+    real, calls = sample.generate, []
+    monkeypatch.setattr(sample, "generate", lambda *args, **kw: calls.append(kw) or real(*args, **kw))
+    picked = [sample.main(["--out-dir", str(arith_run), "--num-samples", "3", "--seed", str(s)]) for s in (5, 6)]
+    assert picked[0] != picked[1]
+    language = ["--out-dir", str(language_run), "--start", "To be", "--num-samples", "2", "--max-new-tokens", "20"]
+    first, again, other = (sample.main([*language, "--seed", str(s)]) for s in (5, 5, 6))
+    assert first == again and first != other and first[0] != first[1]
+    assert {(c["temperature"], c["top_k"]) for c in calls} == {(0.0, None), (0.8, 200)}
+
+
 def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
     sample.main(["--out-dir", str(arith_run), "--start", "( 7 + 5 ) / 3", "--num-samples", "1"])
     line = capsys.readouterr().out.strip()
@@ -111,6 +133,7 @@ def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path
 @pytest.mark.parametrize("args, message", [
     (["--start", ""], "--start is empty"),
     (["--start", "1 + " * 40 + "1"], "the prompt is 82 tokens; the model's block size is 64"),
+    (["--start", "1 + " * 31 + "1"], "the prompt is 64 tokens; the model's block size is 64"),  # no room for one more
     (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
     (["--start", "7 + x"], "expected a number, got 'x'"),
     (["--start", "1000 - 1"], "1000 is out of the task's range 0..999"),
