@@ -41,6 +41,13 @@ def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
         cli.pick_device("cuda:1")
 
 
+def test_metrics_show_accuracies_in_percent():
+    """What the scripts print of metrics: an accuracy (acc, acc_4, val_acc_6) in percent, as the README gives them,
+    anything else to 4 decimals."""
+    assert cli.show_metrics(dict(val_loss=0.26531, val_ppl=1.30381, acc_4=0.31, val_acc_6=1.0, acc=0.5)) == \
+        "val_loss 0.2653, val_ppl 1.3038, acc_4 31.0%, val_acc_6 100.0%, acc 50.0%"
+
+
 def test_peak_flops_only_for_known_devices(monkeypatch):
     names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device])
