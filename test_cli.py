@@ -292,6 +292,9 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--start", "1 + ² + 3"], 2,  # a digit that int() does not read
      "--start: expected a number, got '²' in '1 + ² + 3'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--temperature", "nan"], 2, "--temperature must be >= 0, got nan"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--num-samples", "0"], 2,
+     "--num-samples and --max-new-tokens must be positive"),  # (not a silent nothing)
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,
      "--eval scores the run on its fixed evaluation sets, without sampling: not with --top-k, --seed"),
