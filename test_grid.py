@@ -14,13 +14,18 @@ from conftest import PRUNABLE, error_of, snapshot
 
 
 def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, train_in_this_process):
-    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none", "--seeds", "1",
+    """Each router and seed once (named twice too), every run's --eval-samples the grid's --test-size; a run killed
+    before its first checkpoint is started over; finished runs are kept, and checked against the command."""
+    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none,lime", "--seeds", "1,1",
             "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
             "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
             "--micro-batch-size=8", "--log-interval=1"]
     (tmp_path / "data" / "mod11-answer-operators-2-3").mkdir(parents=True)  # a generation cut short: made again
     (tmp_path / "data" / "mod11-answer-operators-2-3" / "train.txt").write_text("1 + 1 = 2\n")
+    killed = tmp_path / "out" / "mod11-answer-operators-2-3" / "lime-seed1"  # before its first checkpoint
+    killed.mkdir(parents=True)
+    (killed / "log.jsonl").write_text('{"step": 1, "loss": 3.2}\n')
     tables = grid.main(args)
     out = capsys.readouterr().out
     regime = tmp_path / "out" / "mod11-answer-operators-2-3"
@@ -28,6 +33,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     for run in regime.iterdir():
         config = json.loads((run / "config.json").read_text())
         assert (config["vocab_size"], config["max_steps"], config["block_size"] % 8) == (24, 5, 0)  # 80 samples / 8 / 2
+        rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        assert config["eval_samples"] == 6 and [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
         assert json.loads((run / "summary.json").read_text())["task"]["field"] == "mod"
         assert "done:" in (run / "train.out").read_text()
     assert "grid: 2 runs, 0 finished before; 2 to go" in out and "[2/2]" in out
@@ -57,7 +64,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
     shutil.copytree(arith_dir, tmp_path / "int-steps-operands-4-5-6")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
-    err = error_of(grid.main, ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
+    err = error_of(grid.main, ["--fields", "int", "--targets", "answer,steps", "--count", "operands", "--data-root",
                                str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
     assert err.startswith("grid.py: error: ") and "holds other arithmetic data" in err and "--data-root" in err
     assert snapshot(tmp_path) == before
