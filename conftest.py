@@ -80,9 +80,10 @@ def snapshot(*roots):
 
 
 class FileServer:
-    """Serves bytes from 127.0.0.1 with HTTP Range; can cut a file's first response halfway."""
+    """Serves bytes from 127.0.0.1 with HTTP Range (or, with ranges=False, ignoring it, as some servers do); can cut
+    a file's first response halfway."""
 
-    def __init__(self, files, cut_once=()):
+    def __init__(self, files, cut_once=(), ranges=True):
         self.files, self.cut_once, self.requests = dict(files), set(cut_once), []
         server = self
 
@@ -97,7 +98,7 @@ class FileServer:
                     self.send_error(404)
                     return
                 data = server.files[name]
-                start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])
+                start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1]) if ranges else 0
                 self.send_response(206 if start else 200)
                 self.send_header("Content-Length", str(len(data) - start))
                 self.end_headers()
@@ -123,8 +124,8 @@ class FileServer:
 def serve():
     servers = []
 
-    def start(files, cut_once=()):
-        servers.append(FileServer(files, cut_once))
+    def start(files, cut_once=(), ranges=True):
+        servers.append(FileServer(files, cut_once, ranges))
         return servers[-1]
 
     yield start

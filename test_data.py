@@ -40,6 +40,8 @@ def test_fineweb_download_then_nothing_to_do(serve, tmp_path):
 
 
 def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
+    """A download cut short resumes where it stopped (HTTP Range); from its first byte where the server ignores Range,
+    and where --overwrite fetches the file anew."""
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 1024)
     files = fineweb_files(1)
@@ -51,6 +53,17 @@ def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
     assert len(ranges) == 2 and ranges[0] is None
     resumed_at = int(re.match(r"bytes=(\d+)-$", ranges[1])[1])  # the second request asked only for the rest
     assert 0 < resumed_at <= len(data) // 2
+    # a server that ignores Range sends the whole file again: the download starts over, not appended to the part
+    other = tmp_path / "other"
+    server = serve(files, cut_once={"finewebedu_train_000001.bin"}, ranges=False)
+    prepare_data.prepare_fineweb(other, 1, server.url)
+    assert (other / "finewebedu_train_000001.bin").read_bytes() == data
+    assert [r for name, r in server.requests if name == "finewebedu_train_000001.bin"][1] is not None
+    # --overwrite fetches a file anew, from its first byte: a part left beside the old file is not resumed
+    files = {**files, "finewebedu_train_000001.bin": data[:1024] + bytes(len(data) - 1024)}  # (a new version)
+    (tmp_path / "finewebedu_train_000001.bin.part").write_bytes(data[:2048])
+    prepare_data.prepare_fineweb(tmp_path, 1, serve(files).url, overwrite=True)
+    assert (tmp_path / "finewebedu_train_000001.bin").read_bytes() == files["finewebedu_train_000001.bin"]
 
 
 @pytest.mark.parametrize("bad, message", [
