@@ -35,6 +35,11 @@ def test_prosqa_download_check_and_tokens(serve, tmp_path, offline_gpt2, capsys)
     n = len(server.requests)
     prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url])
     assert len(server.requests) == n and "(already there)" in capsys.readouterr().out
+    (tmp_path / "prosqa_test.json").unlink()  # fetched again, of a new version: its tokens made anew, not kept
+    newer = serve({**files, "prosqa_test.json": json.dumps(prosqa_records(5, 7)).encode()})
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", newer.url])
+    assert [enc.decode(ids[:n]) for ids, n in prosqa.load(tmp_path, "test")[0]] == \
+        [f"<|endoftext|>{r['question']}\n" for r in prosqa_records(5, 7)]
 
 
 @pytest.mark.parametrize("bad, message", [
