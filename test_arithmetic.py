@@ -6,6 +6,7 @@ import dataclasses
 import filecmp
 import json
 import operator
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -107,6 +108,8 @@ def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
     assert task == arithmetic.Task(**arithmetic.DEFAULTS)
     modulus = task.modulus if task.field == "mod" else None
     assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
+    operands = [len(re.findall(r"\d+", l.split(" = ")[0])) for l in shown]  # spread over the file: every tier shows
+    assert [n - (task.count == "operators") for n in operands] == list(task.tiers)
     line = splits["test_5"][0]
     assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 600
     with pytest.raises(DataError, match="'1000' is not in the task vocabulary"):

@@ -316,6 +316,8 @@ BAD_INPUTS = [
      "--shards is for fineweb-edu data, not arithmetic"),  # a flag for other data is refused, not ignored
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--shards=32"], 2,
      "--shards is for fineweb-edu data, not arithmetic"),  # ... at its default value too
+    ("prepare_data", lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--shards=0",
+                                      "--base-url=http://127.0.0.1:9/"], 2, "--shards must be 1..99, got 0"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--modulus=7"], 2,
      "--modulus is for --field=mod, not --field=int"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--modulus=7"], 2,

@@ -126,7 +126,9 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
         TokenData(cfg)
 
 
-def test_shakespeare_tokenised_into_shards(serve, tmp_path):
+def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
+    """The text as GPT-2 tokens, 90% train and 10% val, each shard after an end-of-text; a shard missing is made
+    again, and --overwrite downloads the text anew."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
     server = serve({"input.txt": text.encode()})
     enc = small_encoding()
@@ -135,6 +137,15 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path):
     assert train[0] == val[0] == enc.eot_token
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
+    shards = {p: p.read_bytes() for p in tmp_path.glob("*.bin")}
+    next(p for p in shards if "_val_" in p.name).unlink()  # (what a Ctrl-C between the two writes leaves)
+    prepare_data.main(["shakespeare", "--data-dir", str(tmp_path), "--url", f"{server.url}/input.txt"])
+    assert {p: p.read_bytes() for p in tmp_path.glob("*.bin")} == shards
+    newer = "Second Citizen:\nWe are accounted poor citizens.\n" * 20
+    url = f"{serve({'input.txt': newer.encode()}).url}/input.txt"
+    prepare_data.main(["shakespeare", "--data-dir", str(tmp_path), "--url", url, "--overwrite"])
+    train, val = load_tokens(tmp_path, "train")[0], load_tokens(tmp_path, "val")[0]
+    assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newer == (tmp_path / "input.txt").read_text()
     for shard in tmp_path.glob("*.bin"):
         shard.unlink()
     (tmp_path / "input.txt").write_bytes(b"\xff\xfe not UTF-8")  # a text of your own, put there, in another encoding
