@@ -76,7 +76,8 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
         ("t1", "none"), ("t1", "lime"), ("t2", "first-2")]  # each model in its own process
     rows = out["suite"][1]["results"]
     assert [r["router"] for r in rows] == ["none", "lime"] and rows[1]["step_ratio"] > 0
-    assert [r["op"] for r in out["suite"][0]["kernels"]][:2] == ["copy", "forward, layer 0"]
+    assert [r["op"] for r in out["suite"][0]["kernels"]] == ["copy", "forward, layer 0", "backward, layer 0",
+                                                              "forward, layer 1", "backward, layer 1"]  # each once
     saved = json.loads(path.read_text())
     path.write_text(json.dumps({**saved, "suite": saved["suite"][:2]}))  # as if cut during the last part
     commands.clear()
@@ -151,9 +152,10 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     assert "64/8/16" in capsys.readouterr().out
 
 
-def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
+def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkeypatch):
     """An existing --json file is kept: a plain run refuses it, --suite goes on only from its own (same device,
     torch and dtype), and --overwrite replaces it."""
+    monkeypatch.setattr(bench, "SUITE", [])  # (a file let through fails at once, without timing the GPU shapes)
     held = tmp_path / "b.json"
     gpu = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "dtype": "bfloat16", "suite": []}
     held.write_text(json.dumps(gpu))
@@ -162,8 +164,12 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys):
     plain = tmp_path / "plain.json"  # the figures of a run without --suite
     plain.write_text(json.dumps({**{k: v for k, v in gpu.items() if k != "suite"}, "runs": []}))
     suite = base + ["--suite"]
+    here = f"cpu ({torch.get_num_threads()} threads)"  # this device, under another torch: its figures are kept too
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({**gpu, "device": here, "torch": "1.0.0", "dtype": "float32"}))
     for flags, message in [(quick, "already holds figures: give another file, or --overwrite"),
                            (suite, "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16: give"),
+                           (suite + ["--json", str(older)], f"holds the suite of {here}, torch 1.0.0, float32: give"),
                            (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")]:
         with pytest.raises(SystemExit) as e:
             bench.main(flags)
