@@ -14,10 +14,11 @@ from conftest import PRUNABLE, error_of, snapshot
 
 
 def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, capsys, train_in_this_process):
-    """Each router and seed once (named twice too), every run's --eval-samples the grid's --test-size; a run killed
-    before its first checkpoint is started over; finished runs are kept, and checked against the command."""
-    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none,lime", "--seeds", "1,1",
-            "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
+    """Each regime, router and seed once (named twice too), every run's --eval-samples the grid's --test-size, every
+    run in the tables; a run killed before its first checkpoint is started over; finished runs are kept, and checked
+    against the command and their folder (another seed's summary is refused)."""
+    args = ["--fields", "mod,mod", "--targets", "answer", "--tiers", "2,3", "--routers", "lime,none,lime",
+            "--seeds", "1,1", "--train-size", "40", "--test-size", "6", "--epochs", "0.5", "--jobs", "2",
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data"),
             "--", "--n-layer=2", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8",
             "--micro-batch-size=8", "--log-interval=1"]
@@ -39,6 +40,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         assert "done:" in (run / "train.out").read_text()
     assert "grid: 2 runs, 0 finished before; 2 to go" in out and "[2/2]" in out
     assert tables["val"].splitlines()[0] == "| router | val_acc_2 | val_acc_3 | change to lime (val_acc_2) | change to lime (val_acc_3) |"
+    assert [row.split(" | ")[0] for row in tables["test"].splitlines()[2:]] == ["| lime", "| none"]  # every run
     before = snapshot(regime)
     assert grid.main(args) == tables and snapshot(regime) == before  # finished runs are kept, not redone
     assert "2 finished before; 0 to go" in capsys.readouterr().out
@@ -56,6 +58,10 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
     (lime / "config.json").write_text(json.dumps(config))
+    summary = json.loads((lime / "summary.json").read_text())
+    (lime / "summary.json").write_text(json.dumps({**summary, "seed": 2}))  # another seed's, copied here
+    assert error_of(grid.main, args, capsys, code=1).endswith(
+        f"{lime / 'summary.json'} is of router lime, seed 2, not of the run its folder is for: move it away")
     shutil.copy(none / "summary.json", lime / "summary.json")
     assert error_of(grid.main, args, capsys, code=1).endswith(
         f"{lime / 'summary.json'} is of router none, seed 1, not of the run its folder is for: move it away")
