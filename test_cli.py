@@ -827,11 +827,12 @@ def test_a_checkpoint_saved_without_checksums_reads_as_it_is(arith_run, tmp_path
     """torch.save with its CRC-32s turned off writes 0 for each: nothing to check there, not a damaged file."""
     shutil.copytree(arith_run, tmp_path / "run")
     ckpt = torch.load(arith_run / "ckpt.pt", weights_only=True)
+    previous = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
         torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
     finally:
-        torch.serialization.set_crc32_options(True)
+        torch.serialization.set_crc32_options(previous)  # (a global of torch's: as it was, for the tests after)
     read = runs.read_checkpoint(tmp_path / "run")
     assert read["step"] == ckpt["step"] and all(torch.equal(read["model"][k], w) for k, w in ckpt["model"].items())
 

@@ -174,8 +174,8 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
             self.signals.append(signum)
 
         def wait(self):
-            if stop == "signal" and self is runs[0]:  # impatient: a second signal, while the runs save
-                os.kill(os.getpid(), signal.SIGTERM)
+            if self is next(r for r in runs if r.signals):  # impatient: a second signal, while the runs save
+                os.kill(os.getpid(), signal.SIGTERM)  # (after either stop: a closed output's too)
             self.returncode = 128 + self.signals[0]
 
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
