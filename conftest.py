@@ -175,6 +175,13 @@ def tiny_args(arith_dir, out_dir, *extra):
             "--max-steps=12", "--eval-interval=6", "--eval-samples=1", "--log-interval=1", "--warmup-steps=2", *extra]
 
 
+def edit_checkpoint(run, edit):
+    """The run's ckpt.pt loaded, changed in place by edit(ckpt), and saved again, as a hand or a tool may."""
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, run / "ckpt.pt")
+
+
 def read_log(out_dir):
     return [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
 

@@ -29,15 +29,17 @@ import prepare_data
 import runs
 import sample
 import train
-from conftest import PRUNABLE, error_of, snapshot, tiny_args
+from conftest import PRUNABLE, edit_checkpoint, error_of, snapshot, tiny_args
 from data import MAGIC, write_shard
+
 
 def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
     """--device=cuda:N numbers the visible devices from 0: with one, cuda:0 is it and cuda:1 is refused."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert cli.pick_device("cuda:0") == "cuda:0" and cli.pick_device("cuda") == "cuda"
-    with pytest.raises(cli.UsageError, match=re.escape("--device=cuda:1: there are 1 CUDA devices, numbered from 0")):
+    with pytest.raises(cli.UsageError, match=re.escape("--device=cuda:1: this machine has 1 CUDA device, numbered "
+                                                       "from 0")):
         cli.pick_device("cuda:1")
 
 
@@ -402,12 +404,6 @@ def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, t
 def write(path, content):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_bytes(content if isinstance(content, bytes) else content.encode())
-
-
-def edit_checkpoint(run, edit):
-    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
-    edit(ckpt)
-    torch.save(ckpt, run / "ckpt.pt")
 
 
 def on_the_copy(d, r, t):

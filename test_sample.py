@@ -13,7 +13,7 @@ import prepare_data
 import runs
 import sample
 from generation import generate
-from conftest import error_of
+from conftest import edit_checkpoint, error_of
 from data import write_shard
 
 def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
@@ -80,9 +80,7 @@ def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, 
     longest = runs.load_data(runs.saved_config(runs.read_checkpoint(run), run), with_train=False).longest
     summary = json.loads((run / "summary.json").read_text())
     for block in (longest - 1, longest - 2):
-        ckpt = torch.load(run / "ckpt.pt", weights_only=True)
-        ckpt["config"]["block_size"] = block
-        torch.save(ckpt, run / "ckpt.pt")
+        edit_checkpoint(run, lambda ckpt: ckpt["config"].update(block_size=block))
         if block == longest - 1:
             metrics = sample.main(["--out-dir", str(run), "--eval"])
             assert metrics == {k: summary[k] for k in metrics} and "acc_6" in metrics
@@ -167,11 +165,13 @@ def test_a_run_reads_from_any_folder_and_from_an_older_version(language_run, tmp
     assert sample.main(["--out-dir", str(language_run), "--eval"]) == expected
     old = tmp_path / "old"
     shutil.copytree(language_run, old)
-    ckpt = torch.load(old / "ckpt.pt", weights_only=True)
-    for field in ("task", "init_from", "router_top_p", "prune_at", "norm_eps"):  # fields added over time
-        ckpt["config"].pop(field)
-    ckpt["config"]["dropout"] = 0.0  # and one since gone, which no check minds
-    ckpt["config"]["data_dir"] = os.path.relpath(config["data_dir"], tmp_path)
-    torch.save(ckpt, old / "ckpt.pt")
+
+    def older(ckpt):
+        for field in ("task", "init_from", "router_top_p", "prune_at", "norm_eps"):  # fields added over time
+            ckpt["config"].pop(field)
+        ckpt["config"]["dropout"] = 0.0  # and one since gone, which no check minds
+        ckpt["config"]["data_dir"] = os.path.relpath(config["data_dir"], tmp_path)
+
+    edit_checkpoint(old, older)
     assert sample.main(["--out-dir", str(old), "--eval"]) == expected
     assert runs.load_checkpoint(old, "cpu")[0].data_dir == config["data_dir"]  # read back as absolute, as saved now
