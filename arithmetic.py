@@ -65,8 +65,8 @@ class Task:
         for name in ("modulus", "max_operand", "max_value", "tiers"):  # (a meta.json or a config may hold '11', 4.5)
             values = self.tiers if name == "tiers" else (getattr(self, name),)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-                what = "whole numbers" if name == "tiers" else "a whole number"
-                raise DataError(f"--{name.replace('_', '-')} must be {what}, got {getattr(self, name)!r}")
+                what, value = ("whole numbers", list(values)) if name == "tiers" else ("a whole number", values[0])
+                raise DataError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
         if self.top > LARGEST:  # first: a vocabulary far past it would take forever to build
             flag, value, most = ("--max-value", self.max_value, LARGEST) if self.field == "int" else \
                 ("--modulus", self.modulus, LARGEST + 1)
@@ -79,7 +79,8 @@ class Task:
             raise DataError(f"--max-operand must be in 1..--max-value ({self.max_value}), got {self.max_operand}")
         least = 1 if self.count == "operators" else 2
         if not self.tiers or min(self.tiers) < least or len(set(self.tiers)) < len(self.tiers):
-            raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got {self.tiers}")
+            raise DataError(f"--tiers must be distinct numbers of at least 1 operator (2 operands), got "
+                            f"{list(self.tiers)}")
 
     def check_fits(self):
         """For new data only (prepare_data.py, grid.py): every sample fits MOST_TOKENS. Not in __post_init__, so that

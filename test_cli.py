@@ -748,6 +748,8 @@ DAMAGED = [
      "meta.json is damaged (--modulus must be a whole number, got '11'): rebuild it with"),
     ("sample", then(on_the_copy, meta_edit(tiers=5), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
      "meta.json is damaged (--tiers must be a list of whole numbers, got 5): rebuild it with"),
+    ("sample", then(on_the_copy, meta_edit(tiers=[4, 5.0]), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     "meta.json is damaged (--tiers must be whole numbers, got [4, 5.0]): rebuild it with"),
     # a split cut short mid-line, whose last line may still read as a sample (here '... = 1' for '... = 123')
     ("train", then(lambda d, r, t: write(d / "train.txt", (d / "train.txt").read_bytes()[:-3]),
                    lambda d, r, t: tiny_args(d, t / "run")), 1,
