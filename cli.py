@@ -319,8 +319,7 @@ def pick_device(name):
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device={name}: " + ("this torch is a CPU-only build" if torch.version.cuda is None
                                                    else "no CUDA device is visible"))
-    n = torch.cuda.device_count() if m[1] else 0
-    if m[1] and int(m[1]) >= n:
+    if m[1] and int(m[1]) >= (n := torch.cuda.device_count()):
         raise UsageError(f"--device={name}: this machine has {n} CUDA device{'s' * (n != 1)}, numbered from 0")
     if name == "mps" and not torch.backends.mps.is_available():
         raise UsageError("--device=mps: MPS is not available on this machine")
