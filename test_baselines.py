@@ -130,7 +130,8 @@ def test_hyper_connections_start_as_the_paper_says():
 def test_a_hyper_connection_as_the_paper_writes_it():
     """One sub-layer of `hc`, by the paper's formulas, one token and stream at a time, with random connections:
     Hn = H / rms(H) per stream, A = alpha + s_a tanh(Hn W_a), B = beta + s_b tanh(Hn w_b); the sub-layer reads
-    sum_j A[j, 0] H[j], and stream k goes on as B[k] f(that) + sum_j A[j, 1 + k] H[j]."""
+    sum_j A[j, 0] H[j], and stream k goes on as B[k] f(that) + sum_j A[j, 1 + k] H[j]; at the end, the sum of the
+    streams."""
     hc = small_model("hc", n_embd=8, n_head=2, n_kv_head=2, norm_eps=1e-12).residual  # n = 4 streams of 8
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -155,6 +156,8 @@ def test_a_hyper_connection_as_the_paper_writes_it():
             for k in range(4):
                 want = B[k] * y + sum(A[j, 1 + k] * h[j] for j in range(4))
                 torch.testing.assert_close(out[b, t, k], want, msg=f"{b} {t} {k}")
+    # and the final norm reads the sum of the n streams (not their mean, not one of them)
+    torch.testing.assert_close(hc.end(out), out[:, :, 0] + out[:, :, 1] + out[:, :, 2] + out[:, :, 3])
 
 
 def test_depth_weighted_averaging_as_the_paper_writes_it():
