@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import ablations
 import analyze
 import bench
 import kernels
@@ -568,6 +569,20 @@ def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
         methods.ROUTERS.update(saved)  # the classes the other tests hold, in their order
 
 
+def test_a_default_j_is_the_methods_own(monkeypatch):
+    """A fork's method whose J defaults to 3 (this repo's all default to 4): its bare name parses to J 3, the probe
+    builds it with J 3, its form is 'name[-J]', and the registry lists it after this repo's modules' methods."""
+    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
+
+    class Recent(ablations.Last):
+        name, J = "recent-J", 3
+
+    assert methods.parse_router("recent") == (Recent, 3) and methods.parse_router("recent-5") == (Recent, 5)
+    assert Recent.probe().sources == [0, 1, 2]  # layer 2's last 3 layers (J 2 would give [1, 2])
+    assert re.split(", | or ", methods.router_forms())[-1] == "recent[-J]"
+    assert list(methods.registry())[-1] == "recent-J"  # (defined after baselines.py's, and outside MODULES)
+
+
 def test_a_name_is_one_method():
     """A class that states a name another class holds is an error where it is defined: else it would replace that one
     (here the paper's first-J) in every script. A subclass that states no name of its own is no --router value."""
@@ -641,7 +656,8 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them():
 
 def test_what_the_defaults_cannot_reach():
     """A per-token router's Linear maps start at zero whatever their name (so it starts static, as dynamic);
-    a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset is an error."""
+    a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset, or sets in part, is
+    an error."""
     class Gated(lime.Router):
         name, per_token = "gated", True
 
@@ -663,14 +679,23 @@ def test_what_the_defaults_cannot_reach():
         def weights(self, x=None):
             return self.weight.expand(self.n_kv, -1)
 
+    class Partly(Shared):
+        name = "partly"
+
+        @torch.no_grad()
+        def init_weights(self):
+            self.weight[-1] = 1.0  # its own layer's weight only
+
     try:
         model = small_model("gated")
         assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
         with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
                                                        "Shared.init_weights()")):
             small_model("shared")
+        with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
+            small_model("partly")  # the weights of the other layers it reads are still unset
     finally:
-        del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name]
+        del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name], methods.ROUTERS[Partly.name]
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(monkeypatch):
