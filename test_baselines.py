@@ -89,8 +89,11 @@ def test_a_benchmark_row_for_each(tmp_path):
 
 def test_value_residual_adds_layer_0s_values_to_the_values_alone():
     """Layer l > 0 attends with its own keys and with values v_l + lam * v_0 (per head): by hand, on K/V given to
-    the routing; and in the model, its attention output is linear in lam (the softmax of its own keys stays)."""
+    the routing; and in the model, its attention output is linear in lam (the softmax of its own keys stays). A
+    checkpoint holds lam alone (its own weight, fixed at 1, is no state: checkpoints load without it)."""
     model = small_model("value-residual")  # 6 layers, 2 kv heads of head_dim 8: a K/V is [keys | values], 16 wide
+    lams = [f"transformer.h.{l}.attn.router.lam" for l in range(1, 6)]
+    assert [k for k in model.state_dict() if ".router." in k] == lams
     lam = torch.tensor([[0.5], [-2.0]])
     with torch.no_grad():
         for router in model.routers[1:]:
