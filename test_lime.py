@@ -289,6 +289,18 @@ def test_routing_weights_init_and_masks(mode):
     assert 0.3 < off.abs().mean() / bound < 0.7  # U(-b, b) has mean |w| = b / 2
 
 
+def test_dynamic_starts_static_and_counts_its_maps():
+    """A fresh `dynamic` router's weights at any input are its static part (its map has no bias to start it off);
+    its parameters and FLOPs by hand: 6 layers, d 32, 2 kv heads of 8 (K and V: 16), layer l > 0 reads l + 1."""
+    model, none = small_model("dynamic"), small_model("none")
+    x = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(r.weights(x), r.weight.expand(2, 3, -1, -1)) for r in model.routers[1:])
+    weights = sum(2 * (l + 1) for l in range(1, 6))  # (n_kv, n_src) a layer, and a map of d to each
+    counts = model.num_params()
+    assert counts["router"] == weights * (1 + 32) == counts["total"] - none.num_params()["total"]
+    assert model.estimate_flops(32) - none.estimate_flops(32) == 6 * weights * 32 + 6 * weights * 16
+
+
 def test_excluded_sources_stay_zero_through_training():
     model = small_model("first-2")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
