@@ -132,10 +132,10 @@ def test_hyper_connections_start_as_the_paper_says():
 
 def test_a_hyper_connection_as_the_paper_writes_it():
     """One sub-layer of `hc`, by the paper's formulas, one token and stream at a time, with random connections:
-    Hn = H / rms(H) per stream, A = alpha + s_a tanh(Hn W_a), B = beta + s_b tanh(Hn w_b); the sub-layer reads
-    sum_j A[j, 0] H[j], and stream k goes on as B[k] f(that) + sum_j A[j, 1 + k] H[j]; at the end, the sum of the
-    streams."""
-    hc = small_model("hc", n_embd=8, n_head=2, n_kv_head=2, norm_eps=1e-12).residual  # n = 4 streams of 8
+    Hn = H / sqrt(mean H^2 + eps) per stream (eps the model's norm_eps), A = alpha + s_a tanh(Hn W_a),
+    B = beta + s_b tanh(Hn w_b); the sub-layer reads sum_j A[j, 0] H[j], and stream k goes on as
+    B[k] f(that) + sum_j A[j, 1 + k] H[j]; at the end, the sum of the streams."""
+    hc = small_model("hc", n_embd=8, n_head=2, n_kv_head=2, norm_eps=0.5).residual  # n = 4 streams of 8
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in hc.parameters():
@@ -152,7 +152,7 @@ def test_a_hyper_connection_as_the_paper_writes_it():
     for b in range(2):
         for t in range(3):
             h = H[b, t]  # (n, C)
-            Hn = h / h.square().mean(-1, keepdim=True).sqrt()
+            Hn = h / (h.square().mean(-1, keepdim=True) + 0.5).sqrt()
             A = A0 + hc.alpha_scale[i] * torch.tanh(Hn @ Wa)  # (n, n + 1)
             B = B0 + hc.beta_scale[i] * torch.tanh(Hn @ wb)  # (n)
             y = f(sum(A[j, 0] * h[j] for j in range(4)))
