@@ -271,6 +271,8 @@ def test_routing_weights_init_and_masks(mode):
                "first-2": [0, 1, 7], "dynamic": range(8)}[mode]
     excluded = [j for j in range(8) if j not in allowed]
     assert torch.all(r[:, excluded] == 0)
+    if mode != "none":  # the router's weights themselves, at the layers they read (signs and all)
+        assert torch.equal(r[:, list(allowed)], model.routers[l].matrix())
     if mode == "average":
         torch.testing.assert_close(r, eye[:, None, :].expand(4, 8, 4) / 8)
         return
