@@ -140,10 +140,9 @@ def test_resume_is_exact(mode, answer_dir, tmp_path, capsys):
         f"{summary['parameters'][part]:,};" in capsys.readouterr().out
 
 
-def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path, monkeypatch):
+def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path, scratch_registry):
     """A fork's method may draw while it trains (dropout, stochastic depth): train.py seeds torch at every micro-step
     from (seed, step, micro-batch), as it draws the batches: a resumed run draws what an uninterrupted one would."""
-    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
 
     class Noisy(lime.Residual):
         name = "noisy"
@@ -539,6 +538,12 @@ def test_compiled_equals_eager():
 
 
 @pytest.fixture
+def scratch_registry(monkeypatch):
+    """methods.ROUTERS as a copy for the test: the methods it defines register there, and are gone after it."""
+    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))
+
+
+@pytest.fixture
 def previous_router():
     """A fork's router, written in this file alone (the README's "Fork it"); afterwards the registry is as it
     was (where a fork has pasted the README's `Previous` into ablations.py or a module of its own, it keeps
@@ -583,10 +588,9 @@ def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
         methods.ROUTERS.update(saved)  # the classes the other tests hold, in their order
 
 
-def test_a_default_j_is_the_methods_own(monkeypatch):
+def test_a_default_j_is_the_methods_own(scratch_registry):
     """A fork's method whose J defaults to 3 (this repo's all default to 4): its bare name parses to J 3, the probe
     builds it with J 3, its form is 'name[-J]', and the registry lists it after this repo's modules' methods."""
-    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
 
     class Recent(ablations.Last):
         name, J = "recent-J", 3
@@ -645,7 +649,7 @@ def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     assert [r["router"] for r in json.loads(path.read_text())["runs"][0]["results"]] == ["none", "previous"]
 
 
-def test_a_router_that_sets_its_own_initial_values_keeps_them():
+def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
     """GPT.init_weights gives a learned router the identity and Kaiming-uniform only when it says nothing itself."""
     class Halves(lime.LIMe):
         name = "halves"
@@ -659,16 +663,13 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them():
             self.weight.fill_(0.5)
             self.gate.weight.zero_()
 
-    try:
-        model = small_model("halves")
-        assert [type(r) for r in model.routers] == [lime.Own] + [Halves] * 5  # layer 0 reads only itself
-        assert all(torch.equal(r.weight, torch.full_like(r.weight, 0.5)) for r in model.routers[1:])
-        assert not any(r.gate.weight.any() for r in model.routers[1:])
-    finally:
-        del methods.ROUTERS[Halves.name]
+    model = small_model("halves")
+    assert [type(r) for r in model.routers] == [lime.Own] + [Halves] * 5  # layer 0 reads only itself
+    assert all(torch.equal(r.weight, torch.full_like(r.weight, 0.5)) for r in model.routers[1:])
+    assert not any(r.gate.weight.any() for r in model.routers[1:])
 
 
-def test_what_the_defaults_cannot_reach():
+def test_what_the_defaults_cannot_reach(scratch_registry):
     """A per-token router's Linear maps start at zero whatever their name (so it starts static, as dynamic);
     a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset, or sets in part, is
     an error."""
@@ -700,23 +701,19 @@ def test_what_the_defaults_cannot_reach():
         def init_weights(self):
             self.weight[-1] = 1.0  # its own layer's weight only
 
-    try:
-        model = small_model("gated")
-        assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
-        with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
-                                                       "Shared.init_weights()")):
-            small_model("shared")
-        with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
-            small_model("partly")  # the weights of the other layers it reads are still unset
-    finally:
-        del methods.ROUTERS[Gated.name], methods.ROUTERS[Shared.name], methods.ROUTERS[Partly.name]
+    model = small_model("gated")
+    assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
+    with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
+                                                   "Shared.init_weights()")):
+        small_model("shared")
+    with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
+        small_model("partly")  # the weights of the other layers it reads are still unset
 
 
-def test_what_a_router_can_do_is_read_from_a_shape_it_takes(monkeypatch):
+def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
     """methods.satisfies reads what a router can do (prunable, ...) from lime.Router.probe's instance, of every method
     wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J of 2
     takes the probe's shape; one that refuses it is named in the error, with what to do."""
-    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the classes below register in a copy: gone after
 
     class Pairs(lime.LIMe):
         name = "pairs-J"
@@ -742,11 +739,10 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(monkeypatch):
     assert "quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
 
 
-def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(monkeypatch, answer_dir, tmp_path):
+def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
     """source_layers() that lists a layer twice (layer 0, then the last J, at layer 1) passes the probe at layer 2;
     the model it cannot build is an error that names the router and what it gave, in train.py --dry-run already
     (so grid.py refuses it before it writes anything), not in every run."""
-    monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))  # the class below registers in a copy: gone after
 
     class Twice(lime.LIMe):
         name = "twice-J"
