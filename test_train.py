@@ -31,6 +31,8 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(arith_dir, out, "--max-steps=40", "--eval-interval=20", "--lr=1e-2"))
     printed = capsys.readouterr().out
+    assert f"task: int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), from {arith_dir}" \
+        in printed  # the sizes too: a preset trains on whatever its folder holds
     losses = list(train_losses(out).values())
     assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     summary = json.loads((out / "summary.json").read_text())
