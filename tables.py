@@ -163,9 +163,10 @@ def single_run_table(summaries, metrics):
     `lime` run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
     keys = [seed_group(s) for s in summaries]
-    head = ["router", *(m.replace("val_ppl", "perplexity") for m in metrics)]
+    names = [m.replace("val_ppl", "perplexity") for m in metrics]
+    head = ["router", *names]
     if base:
-        head += [f"change to lime ({m})" for m in metrics]  # (with two lime rows: the one whose change is "-")
+        head += [f"change to lime ({m})" for m in names]  # (with two lime rows: the one whose change is "-")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s, key in zip(summaries, keys):
         cells = [row_name(key, keys), *(show_value(m, s[m]) for m in metrics)]

@@ -123,7 +123,7 @@ def test_ablation_table(tmp_path, capsys):
         dirs.append(str(d))
     table = analyze.main(["table", *dirs])
     assert "| none | 16.4611 | +3.36% |" in table and "| first-4 | 15.9586 | +0.20% |" in table
-    assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime")
+    assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime (perplexity) |")
     assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys,
                                                                       code=1))
 
