@@ -170,6 +170,8 @@ def resolve(argv, cls, presets, description=None):
                              "run's weights: give one of them")
         init = init_checkpoint(cfg, given)
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
+    if init is not None and Path(cfg["out_dir"]).resolve() == Path(cfg["init_from"]).resolve():  # --overwrite: gone
+        raise UsageError(f"--out-dir={cfg['out_dir']} is the run --init-from starts from: give a new folder")
     problem = folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")

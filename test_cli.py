@@ -371,6 +371,8 @@ BAD_INPUTS = [
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--init-from={r}", "--n-layer=3"), 2,
      "ckpt.pt holds a model with n_layer=2 (not 3)"),
     ("train", lambda a, r, t: tiny_args(a, r, f"--init-from={r}", "--resume"), 2, "give one of them"),
+    ("train", lambda a, r, t: tiny_args(a, r, f"--init-from={r}/", "--overwrite"), 2,  # not over the run it starts from
+     "is the run --init-from starts from: give a new folder"),
     ("train", lambda a, r, t: ["--preset=prosqa", f"--data-dir={t / 'none'}", f"--out-dir={t / 'run'}",
                                f"--init-from={r}"], 1, "no ProsQA data in"),
 ]
