@@ -545,7 +545,8 @@ class Data(TaskRows):
         self.vals = {k: splits[f"val_{k}"][:n] for k in self.task.tiers if f"val_{k}" in splits}
         self.val = [row for k in self.task.tiers for row in rows[f"val_{k}" if self.vals else f"test_{k}"]]
         self.pad, self.vocab_size = self.vocab.eos, len(self.vocab.itos)
-        self.train_size, self.label, self.regime = len(self.train), self.task.label, regime(meta)
+        self.train_size, self.regime = len(self.train), regime(meta)
+        self.label = describe(self.regime)  # with its seed and sizes: a preset trains on whatever its folder holds
         self.longest = max(len(ids) for split in rows.values() for ids, _ in split)  # test's too: it is generated
 
     def encode_row(self, line):

@@ -206,8 +206,8 @@ def train(cfg, run):
     peak = peak_flops(device, dtype)
     say = run.say
     say("config: " + json.dumps(asdict(cfg)))
-    if data.label:  # with its sizes: a preset trains on what its folder holds, a smaller set made by hand too
-        say(f"task: {arithmetic.describe(data.regime)}, from {cfg.data_dir}/meta.json")
+    if data.label:
+        say(f"task: {data.label}, from {cfg.data_dir}/meta.json")
     if run.init is not None:
         say(f"starting from the weights of {cfg.init_from} (its step {run.init['step']})")
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
