@@ -15,9 +15,12 @@ from cli import DataError, UsageError, show_value
 from runs import seed_group
 
 
-def relative_change(value, base):
-    """value against base in %, signed: '+3.36%' (Table 7's change to lime)."""
-    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"  # nothing is relative to 0
+def change(key, value, base):
+    """value against base, signed: a perplexity in % ('+3.36%', Table 7's change to lime), an accuracy in points
+    ('-26.0 pts': 3.8% against 29.8% is -87% relative, which says little, and nothing is relative to 0)."""
+    if "acc" in key:
+        return f"{100 * (value - base):+.1f} pts"
+    return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"
 
 
 # what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
@@ -159,8 +162,8 @@ def unshown_differences(rows):
 
 
 def single_run_table(summaries, metrics):
-    """Table 7's layout, for one run per router: each run's metrics as saved, and their change relative to the
-    `lime` run, where there is one."""
+    """Table 7's layout, for one run per router: each run's metrics as saved, and their change from the `lime`
+    run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
     keys = [seed_group(s) for s in summaries]
     names = [m.replace("val_ppl", "perplexity") for m in metrics]
@@ -171,6 +174,6 @@ def single_run_table(summaries, metrics):
     for s, key in zip(summaries, keys):
         cells = [row_name(key, keys), *(show_value(m, s[m]) for m in metrics)]
         if base:
-            cells += ["-" if s is base else relative_change(s[m], base[m]) for m in metrics]
+            cells += ["-" if s is base else change(m, s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -330,14 +330,17 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
 
 
-def test_ablation_table_with_a_zero_reference(tmp_path):
+def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     dirs = []
-    for router, acc in (("lime", 0.0), ("none", 0.25)):  # two short runs: lime solved nothing at 6 operands
+    for router, acc in (("lime", 0.0), ("none", 0.25), ("first-4", 0.038)):  # lime solved nothing at 6 operands
         dirs.append(tmp_path / router)
         dirs[-1].mkdir()
-        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.5, acc_6=acc)))
+        (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, acc_4=0.5, acc_5=0.298, acc_6=acc)))
     table = analyze.main(["table", *map(str, dirs)])
-    assert "| none | 50.0% | 50.0% | 25.0% | +0.00% | +0.00% | n/a |" in table
+    assert table.splitlines()[0] == "| router | acc_4 | acc_5 | acc_6 | change to lime (acc_4) | " \
+        "change to lime (acc_5) | change to lime (acc_6) |"
+    assert "| none | 50.0% | 29.8% | 25.0% | +0.0 pts | +0.0 pts | +25.0 pts |" in table  # not n/a: nothing is % of 0
+    assert "| first-4 | 50.0% | 29.8% | 3.8% | +0.0 pts | +0.0 pts | +3.8 pts |" in table
 
 
 def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
