@@ -75,9 +75,10 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             break
         except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
             if attempt == retries:
-                raise DataError(f"{url}: {e} (gave up after {retries} retries; run again to resume)")
+                raise DataError(f"{url}: {failure(e)} (gave up after {retries} retries; run again to resume)")
             wait = min(2**attempt, 30)
-            print(f"\n{dest.name}: {e}; retrying in {wait}s", file=sys.stderr)
+            # (on a terminal, a new line first: the progress line may be half drawn)
+            print("\n" * sys.stderr.isatty() + f"{dest.name}: {failure(e)}; retrying in {wait}s", file=sys.stderr)
             time.sleep(wait)
     if verify is not None:
         try:
@@ -89,6 +90,15 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             raise
     os.replace(part, dest)
     return True
+
+
+def failure(e):
+    """A failed request in a few words: "Failed to resolve 'host' ([Errno -2] Name or service not known)". requests'
+    own text repeats the URL and every layer that wrapped the cause, some 300 characters for a machine offline."""
+    cause = e.args[0] if e.args and isinstance(e.args[0], Exception) else e  # requests wraps urllib3's error
+    cause = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError wraps the cause again
+    text = next((a for a in reversed(cause.args) if isinstance(a, str)), str(cause))  # (some start with the connection)
+    return text.split("): ", 1)[-1]  # without "HTTPSConnection(host='...', port=443): "
 
 
 class Progress:

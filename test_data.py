@@ -2,6 +2,7 @@
 
 import random
 import re
+import socket
 
 import numpy as np
 import pytest
@@ -90,6 +91,23 @@ def test_missing_file_is_one_line(serve, tmp_path, capsys):
                    capsys, code=1)
     assert re.match("prepare_data.py: error: .*HTTP 404", err)
     assert not folder.exists()  # nothing fetched, no folder made
+
+
+def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkeypatch):
+    """A server that cannot be reached (a port nothing listens on; offline, a host that does not resolve): a line per
+    retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made."""
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/x.bin"  # closed again when the test connects
+    refused = r"Failed to establish a new connection: \[Errno \d+\] Connection refused"
+    with pytest.raises(DataError) as e:
+        prepare_data.download(url, tmp_path / "new" / "x.bin", retries=2)
+    assert re.fullmatch(f"{re.escape(url)}: {refused} \\(gave up after 2 retries; run again to resume\\)", str(e.value))
+    lines = capsys.readouterr().err.splitlines()  # (no blank lines: stderr is not a terminal here)
+    assert [re.sub(refused, "REFUSED", line) for line in lines] == [
+        "x.bin: REFUSED; retrying in 1s", "x.bin: REFUSED; retrying in 2s"]
+    assert not (tmp_path / "new").exists()
 
 
 def test_language_windows_predict_the_next_token(tmp_path):
