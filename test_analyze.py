@@ -36,8 +36,12 @@ def test_route_map_rows_sum_to_one(mode):
 def test_routes_command(arith_run, capsys):
     M = analyze.main(["routes", "--out-dir", str(arith_run)])
     torch.testing.assert_close(M.sum(1), torch.ones(2))
-    out = capsys.readouterr().out
-    assert "router lime: row = layer" in out and "100" in out
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "router lime: row = layer, column = source layer, % of mean |weight|"
+    # whole percentages: layer 0 reads itself alone (100), not layer 1 ('.'); layer 1's two shares make 100
+    assert out[1:3] == ["         0   1", "   0:  100   ."]
+    shares = [int(v) for v in re.fullmatch(r"   1: ( *\d+)( *\d+)", out[3]).groups()]
+    assert shares == [round(100 * v) for v in M[1].tolist()] and 99 <= sum(shares) <= 101
 
 
 @pytest.mark.parametrize("mode, note", [("value-residual", "the values; the keys are each layer's own"),
