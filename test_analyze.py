@@ -63,6 +63,11 @@ def test_renyi_entropy_extremes():
         assert abs(analyze.renyi_entropy(rank1, alpha)) < 1e-6
         # centring over tokens leaves T - 1 dimensions: the maximum is log(T - 1)
         assert 0.995 * math.log(T - 1) < analyze.renyi_entropy(isotropic, alpha) <= math.log(T - 1) + 1e-9
+    # the features are standardised: a feature's scale or offset (one in kilometres, one in metres) changes nothing
+    Z = torch.randn(T, 6, generator=g)
+    rescaled = Z * torch.tensor([1e3, 1e-3, 1.0, 50.0, 0.2, 7.0]) + torch.arange(6.0)
+    for alpha in (1.0, 2.0):
+        assert analyze.renyi_entropy(rescaled, alpha) == pytest.approx(analyze.renyi_entropy(Z, alpha), rel=1e-6)
 
 
 def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
@@ -89,6 +94,9 @@ def test_linear_probe_separates_what_is_separable():
     assert analyze.linear_probe(X, y, 4) > 0.95
     noise = torch.randn(200, 16, generator=g)
     assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
+    # no feature to go by: each fold predicts its training folds' majority, right for the four 0s and wrong for
+    # the 1 (whichever fold holds it, its training folds are all 0s): the mean over the 5 folds is 4/5
+    assert analyze.linear_probe(torch.zeros(5, 3), torch.tensor([0, 0, 0, 0, 1]), 2) == pytest.approx(0.8)
 
 
 def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
