@@ -116,6 +116,20 @@ def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
     assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
     # --eval-tokens=256 holds 4 windows of 64: what the probe used, not the 8 asked for
     assert capsys.readouterr().out.startswith("occurrences in 4 validation sequences: ' is' ")
+    def windows(*counts):  # two windows of 64 tokens, none a probe word but the counts of each, in that order
+        x = torch.tensor(g.integers(0, 300, 128))
+        x[g.choice(128, sum(counts), replace=False)] = torch.tensor(words).repeat_interleave(torch.tensor(counts))
+        return lambda cfg, n, seq_len: list(x.view(2, 64))[:n]
+
+    monkeypatch.setattr(analyze, "sequences", windows(5, 5, 5, 4))  # 5 folds need 5 of each word
+    assert error_of(analyze.main, ["probe", "--out-dir", str(out)], capsys).endswith(
+        "too few occurrences of each word for 5-fold cross-validation: the run's validation set has only 2 sequences")
+    monkeypatch.setattr(analyze, "sequences", windows(5, 6, 5, 5))
+    assert len(analyze.main(["probe", "--out-dir", str(out)])) == 2
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        "occurrences in 2 validation sequences: ' is' 5, ' are' 6, ' was' 5, ' were' 5",
+        "5-fold linear probe accuracy on values (lime), chance 0.286"]  # the most frequent word's share: 6 of 21
+    monkeypatch.undo()
     monkeypatch.setitem(analyze.PROBE_WORDS, " were", 575)  # a word that never occurs: more windows would not help
     too_few = "analyze.py: error: too few occurrences of each word for 5-fold cross-validation: "
     for n in (8, 4):
