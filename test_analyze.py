@@ -385,6 +385,7 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
     out = capsys.readouterr().out
     assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
+    assert f"layer   1: {report['pruned']:>8,} of        8 ({report['pruned'] / 8:6.1%})" in out.splitlines()
     summary = json.loads((arith_run / "summary.json").read_text())
     assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
     # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
@@ -399,6 +400,10 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine)], capsys)
     assert f"--save={mine} already holds a run (prune.json)" in err
     assert (mine / "prune.json").read_text() == '{"mine": 1}'
+    (mine / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # --overwrite: the old run's files go
+    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
+    assert report["pruned"] == 0 and report["top_p"] == 1  # p = 1: every weight is kept (its smallest is not 0)
+    assert json.loads((mine / "prune.json").read_text())["pruned"] == 0 and not (mine / "log.jsonl").exists()
 
 
 def test_mean_and_sample_sd_of_the_seeds():
