@@ -344,6 +344,8 @@ BAD_INPUTS = [
                               str(t / "d")], 2, "--modulus is for the mod field, and --fields=int has none"),
 
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
+    ("analyze", lambda a, r, t: ["probe", "--out-dir", str(r), "--seq-len", "1"], 2,
+     "--seq-len must be at least 2, got 1"),  # (a token and its next: what the language windows need at least)
     ("analyze", lambda a, r, t: ["routes", "--out-dir", str(r), "--alpha", "3"], 2,
      "unrecognized arguments: --alpha 3"),  # each subcommand takes only the flags it reads
     ("analyze", lambda a, r, t: ["probe", "--out-dir", str(r), str(r)], 2, "unrecognized arguments: "),
