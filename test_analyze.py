@@ -152,6 +152,15 @@ def test_ablation_table(tmp_path, capsys):
     assert "| lime | 15.9267 | - |" in table and table.startswith("| router | perplexity | change to lime (perplexity) |")
     assert re.match("analyze.py: error: no .*summary.json", error_of(analyze.main, ["table", str(tmp_path)], capsys,
                                                                       code=1))
+    assert error_of(analyze.main, ["table", "--split", "val", *dirs], capsys) == (
+        "analyze.py: error: --split val: these runs have no validation accuracy (arithmetic data made before the "
+        "validation split existed, or not arithmetic)")  # not a table of perplexities, said to be the val split's
+    with pytest.raises(cli.DataError, match=re.escape("these runs' summaries have no metric in common (accuracy per "
+                                                      "tier, acc or val_ppl)")):
+        tables.results_table([dict(router="none", val_ppl=16.4), dict(router="lime", acc=0.5)])
+    # runs whose summaries name no seed (older ones) are not taken for one seed twice: their mean and spread
+    assert tables.results_table([dict(router="lime", val_ppl=2.0), dict(router="lime", val_ppl=4.0)]).endswith(
+        "| lime | 2 | 3.000 ± 1.414 |")
 
 
 def test_table_averages_over_seeds(tmp_path, capsys):
@@ -213,6 +222,9 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
         assert error_of(analyze.main, [command, *others], capsys).endswith(
             f"these runs of router lime differ in {says.split()[0]}, not only in their seed ({says}): a mean over "
             "seeds is of one setting")
+    assert error_of(analyze.main, ["table", dirs[2], dirs[3]], capsys).endswith(  # two fields: each, and the first's values
+        "differ in lr, n_layer, not only in their seed (lr 1e-05 in out_dir of run 2, 0.001 in out_dir of run 3): a mean "
+        "over seeds is of one setting")
     scratch = tmp_path / "scratch"  # seed 0 again, from scratch: each seed of a fine-tune starts from its own run,
     shutil.copytree(dirs[0], scratch)  # but a seed trained from scratch is another setting
     summary = json.loads((scratch / "summary.json").read_text())
@@ -243,6 +255,8 @@ def test_a_table_of_routers_trained_differently_says_how(tmp_path):
     assert analyze.main(["table", *map(str, dirs)]).endswith("| none | 1 | 3.000 |" + note)
     assert analyze.main(["table", *map(str, dirs[1:])]).endswith("| -25.00% |" + note)  # Table 7's layout
     assert "NOTE" not in analyze.main(["table", *map(str, dirs[:2])])
+    old = dict(router="none", preset="tiny", seed=1, steps=1500, val_ppl=3.0)  # from before summaries kept their config:
+    assert "NOTE" not in tables.results_table([json.loads((dirs[0] / "summary.json").read_text()), old])  # no lr to compare
 
 
 def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
@@ -350,6 +364,9 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert "these runs share no tier of test accuracy (theirs: 2,3; 4,5,6)" in error_of(
         analyze.main, ["table", *dirs], capsys)
     assert "share no tier of val accuracy" in error_of(analyze.main, ["table", "--split", "val", *dirs], capsys)
+    with pytest.raises(cli.UsageError, match=re.escape("share no tier of test accuracy (theirs: 4,5,6; none)")):
+        tables.results_table([json.loads((tmp_path / "4-5-6" / "summary.json").read_text()),
+                              dict(router="none", val_ppl=2.0)])  # a language run beside them: not perplexities alone
     assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
     fresh = tmp_path / "fresh"  # a run that has not evaluated yet: the tiers are the other runs'
     shutil.copytree(dirs[0], fresh)
@@ -428,7 +445,8 @@ def test_one_seed_has_no_sd_and_regimes_stay_apart():
     table = tables.results_table([run("lime", 0, 0.5), run("lime", 1, 0.7), run("none", 0, 0.2)])
     assert f"{mod} lime | 2 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 14.1 | - |" in table
     assert f"{mod} none | 1 | 90.0 | 80.0 | 20.0 | +40.0 |" in table
-    table = tables.results_table([run("lime", 0, 0.5), run("none", 0, 0.2, "int")])
+    # (a val loss that not every run has: no column of it)
+    table = tables.results_table([{**run("lime", 0, 0.5), "val_loss": 0.3}, run("none", 0, 0.2, "int")])
     assert table.splitlines()[0] == "| regime | router | seeds | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
     assert f"{mod} lime | 1 | 90.0 | 80.0 | 50.0 | - |" in table
     assert "| int-answer, tiers 4,5,6 operators | none | 1 | 90.0 | 80.0 | 20.0 | - |" in table  # no lime of its own
