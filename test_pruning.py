@@ -15,6 +15,8 @@ def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
                       [[-8.0, 1.0], [0.5, 0.5]]])  # .8 .1 .05 .05: .8 + .1 reaches .9; both .05 go
     assert pruning.top_p_mask(w, 0.9).tolist() == [[[True, True], [True, False]], [[True, True], [False, False]]]
     assert pruning.top_p_mask(w, 0.1).sum(dim=(1, 2)).tolist() == [1, 1]  # the largest always stays
+    # the mask is of the weights where they are, not in their ranked order: shares .1 .2 .3 .4, the .4 and .3 kept
+    assert pruning.top_p_mask(torch.tensor([[[1.0, 2.0], [3.0, 4.0]]]), 0.5).tolist() == [[[False, False], [True, True]]]
     ties = pruning.top_p_mask(torch.ones(1, 2, 2), 0.5)
     assert ties.flatten().tolist() == [True, True, False, False]  # equal weights: kept in order
     # in a model: the hand counts per layer, and only the dropped weights change (to zero)
@@ -26,6 +28,7 @@ def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
     mask = pruning.prune_routers(model, 0.9)
     # layer 2, head 0: 10 is everything; head 1: shares 1..6 / 21, and 6 + 5 + 4 + 3 = 18 < 0.9 * 21 <= 20
     assert pruning.pruned_counts(model, mask) == {1: (3, 8), 2: (5 + 1, 12)}
+    assert list(pruning.pruned_counts(model, dict(reversed(mask.items())))) == [1, 2]  # in layer order, as printed
     for name, p in model.named_parameters():
         expected = before[name] * mask[name] if name in mask else before[name]
         assert torch.equal(p, expected), name
@@ -61,6 +64,9 @@ def test_top_p_at_its_edges():
     assert pruning.top_p_mask(w, 1e-12).tolist() == [[[True, False], [False, False]], [[True, False], [False, False]]]
     ties = pruning.top_p_mask(torch.ones(2, 5, 4), 0.5)  # 20 equal weights per target head: the first 10
     assert ties.flatten(1).tolist() == [[True] * 10 + [False] * 10] * 2
+    # a target head whose weights are all 0 has no share to rank (not 0/0 = NaN): nothing of it is pruned
+    assert pruning.top_p_mask(torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 3.0]]), 0.5).tolist() == [
+        [True, True, True], [False, False, True]]
     model = small_model("lime", n_layer=2)
     name = "transformer.h.1.attn.router.weight"
     with torch.no_grad():
