@@ -48,6 +48,9 @@ def test_prosqa_download_check_and_tokens(serve, tmp_path, offline_gpt2, capsys)
     (json.dumps([dict(question="Is Al a wu?", steps="Al is a wu.", answer="Al is a wu.")]).encode(),
      "record 0: 'steps' is not a list of texts"),
     (json.dumps({"question": "Is Al a wu?"}).encode(), "expected a non-empty JSON list"),
+    (b"[]", "prosqa_valid.json: expected a non-empty JSON list of records"),
+    (json.dumps([dict(question="Is Al a wu?", steps=["Al is a wu.", 3], answer="Al is a wu.")]).encode(),
+     "record 0: 'steps' is not a list of texts"),
     (b"[" * 100_000 + b"]" * 100_000, "prosqa_valid.json: not valid JSON (maximum recursion depth exceeded"),
 ])
 def test_corrupt_prosqa_file_is_reported_and_not_kept(serve, tmp_path, offline_gpt2, capsys, bad, message):
@@ -86,6 +89,9 @@ NOT_FRAMED = "does not start and end with the end of text (256), with none betwe
     (lambda f: dict(offsets=changed(f["offsets"], 2, f["offsets"][2] + 1)), "record 1 " + NOT_FRAMED),
     (lambda f: dict(tokens=changed(f["tokens"], 5, 256)), "record 0 " + NOT_FRAMED),
     (lambda f: dict(tokens=changed(f["tokens"], 0, 7)), "record 0 " + NOT_FRAMED),
+    (lambda f: dict(tokens=changed(changed(f["tokens"], 0, 7), 5, 256)), "record 0 " + NOT_FRAMED),  # two, one not
+    (lambda f: dict(tokens=changed(changed(f["tokens"], f["offsets"][1] - 1, 7), 5, 256)),  # at its start or its end
+     "record 0 " + NOT_FRAMED),
     (lambda f: dict(eot=np.array(300)), "record 0 " + NOT_FRAMED.replace("256", "300")),
 ])
 def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damage, message):
@@ -107,12 +113,20 @@ def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damag
 
 def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gpt2):
     """Scored by zip, a test split of 3 questions against 4 answers would pair the wrong ones, or leave some out."""
-    prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)
+    train, valid = prosqa_records(32, 0), prosqa_records(4, 1)
+    train[5]["question"] += " Every le is a wu." * 8  # the longest sample, in train
+    valid[2]["steps"].append("Every yu is a zo, and every zo is a ri, and every ri is a le.")  # the longest completion
+    prepare_data.prepare_prosqa(tmp_path, serve({**prosqa_files(), "prosqa_train.json": json.dumps(train).encode(),
+                                                 "prosqa_valid.json": json.dumps(valid).encode()}).url)
     cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=2)
     data = prosqa.Data(cfg)  # as written: the first 2 test questions, each with its answer, cut at twice the longest
     completions = [len(ids) - n for split in ("valid", "test") for ids, n in prosqa.load(tmp_path, split)[0]]
     answers = [r["answer"] for r in prosqa.check(tmp_path / "prosqa_test.json")[:2]]
-    assert [(answer, most) for _, answer, most in data.tests] == [(a, 2 * max(completions)) for a in answers]
+    assert [(answer, most) for _, answer, most in data.tests] == [(a, 2 * completions[2]) for a in answers]
+    assert completions[2] == max(completions) > max(completions[4:])  # (the valid split's, not the test split's)
+    lengths = {split: [len(ids) for ids, _ in prosqa.load(tmp_path, split)[0]] for split in prosqa.SPLITS}
+    assert data.longest == lengths["train"][5] > max(lengths["valid"] + lengths["test"])  # what the block must hold
+    assert data.vocab_size == offline_gpt2.eot_token + 1 == offline_gpt2.n_vocab  # the end of text, the last token
     with np.load(tmp_path / "prosqa_test.npz") as f:
         good = dict(f)
     cut = good["offsets"][3]
@@ -145,6 +159,7 @@ def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2, monkeypatch):
     assert not prosqa.correct("Al is a wu.\n### Al is a yu", answer)  # punctuation does
     assert not prosqa.correct("### al is a yu.", answer) and not prosqa.correct("Al is a yu.", answer)
     assert not prosqa.correct("### Al is a yu.\n### Al is a yu.", answer)  # everything after the first ###
+    assert prosqa.correct("### Al is a yu.", " Al  is a\nyu.\n")  # the reference's whitespace is normalised too
     enc = offline_gpt2
     eot, long_prompt = enc.eot_token, [enc.eot_token] + [3] * 48
     script = {(eot, 1, 2): enc.encode_ordinary(right) + [eot] + enc.encode_ordinary("### Bo is a zo."),  # cut at <eot>
