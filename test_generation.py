@@ -66,6 +66,8 @@ def test_stop_ends_the_batch_once_every_row_has_generated_it():
     assert generate(model, prompts, 20, temperature=0, stop=1, lengths=[1, 3]).tolist() == [
         [0, 1, 2, 3, 4, 5, 6, 7], [0, 5, 6, 7, 8, 9, 0, 1]]
     assert generate(model, torch.tensor([[0]]), 5, temperature=0, stop=9).tolist() == [[0, 1, 2, 3, 4, 5]]  # never
+    # a temperature near 0 on logits 10 apart (10 / 1e-38 is past float32's range): greedy, not inf - inf = NaN
+    assert generate(model, torch.tensor([[0]]), 3, temperature=1e-300).tolist() == [[0, 1, 2, 3]]
 
 
 class Fixed:
@@ -80,7 +82,8 @@ class Fixed:
         return self.logits.expand(*idx.shape, -1), None
 
 
-@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, None), (2.0, 2), (1.0, 1), (0.7, 3)])
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, None), (2.0, 2), (1.0, 1), (0.7, 3),
+                                                      (1.0, 10)])  # (top 10 of 4 tokens: all 4)
 def test_sampling_follows_the_temperature_and_top_k(temperature, top_k):
     """Each token's frequency over many rows against p^(1/temperature) over the top_k tokens, renormalised
     (seeded: the counts are the same at every run, 4 standard deviations or more from failing)."""
