@@ -1,5 +1,7 @@
 """Token data (data.py) and the downloads and tokenisation of prepare_data.py, against a local server."""
 
+import contextlib
+import math
 import random
 import re
 import socket
@@ -11,13 +13,13 @@ import torch
 import prepare_data
 from cli import DataError
 from conftest import error_of, small_encoding, small_model
-from data import MAGIC, TokenData, greedy_accuracy, load_tokens, write_shard
+from data import MAGIC, TaskRows, TokenData, evaluate, greedy_accuracy, load_tokens, write_shard
 from generation import generate
 
 
-def shard_bytes(tokens, magic=MAGIC, count=None):
+def shard_bytes(tokens, magic=MAGIC, count=None, version=1):
     header = np.zeros(256, dtype="<i4")
-    header[:3] = magic, 1, len(tokens) if count is None else count
+    header[:3] = magic, version, len(tokens) if count is None else count
     return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
 
 
@@ -70,6 +72,8 @@ def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
 @pytest.mark.parametrize("bad, message", [
     (shard_bytes(range(100), magic=123), "bad magic"),
     (shard_bytes(range(100), count=500), "header announces 500 tokens"),
+    (shard_bytes(range(100), count=50), "1224 bytes, but its header announces 50 tokens (1124 bytes)"),  # more: too
+    (shard_bytes(range(100), version=2), "not a token shard (bad magic or version in the header)"),
     (shard_bytes([]), "holds no tokens (its header announces 0)"),  # (was kept, as a shard of 0 tokens)
 ])
 def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, message):
@@ -126,17 +130,53 @@ def test_language_windows_predict_the_next_token(tmp_path):
     assert {start for shard, start in starts if shard == 0} == set(range(40 - 8))  # every start that fits 8 + 1
     assert {shard for shard, _ in starts} == {0, 1}
     assert torch.equal(data.val_x, torch.arange(32).view(4, 8)) and torch.equal(data.val_y, data.val_x + 1)
+    shard_0 = (x[:, 0] < 1000).float().mean().item()  # every start equally likely: shard 0 holds 32 of the 324
+    assert abs(shard_0 - 32 / 324) < 0.02
+    # the windows split between processes, each once; what analysis reads of them, seq_len tokens of the first n
+    assert [[x[0, 0].item() for x, _ in data.val_batches(1, rank, 2)] for rank in (0, 1)] == [[0, 16], [8, 24]]
+    assert [s.tolist() for s in data.val_sequences(2, 3)] == [[0, 1, 2], [8, 9, 10]]
+    # eval_tokens past the shard: the windows it holds every target of (a 10th would need a 101st token), and
+    # the vocabulary they need counts those targets (90, a target only)
+    whole = TokenData(type("Config", (), dict(data_dir=str(tmp_path), block_size=10, eval_tokens=10**6, vocab_size=2000)),
+                      with_train=False)
+    assert torch.equal(whole.val_x, torch.arange(90).view(9, 10)) and whole.val_y[-1, -1] == 90 == whole.vocab_size - 1
+    with pytest.raises(DataError, match=re.escape(f"validation shard in {tmp_path} is shorter than one block of 100")):
+        TokenData(type("Config", (), dict(data_dir=str(tmp_path), block_size=100, eval_tokens=10**6, vocab_size=2000)))
+
+
+def test_a_diverged_model_has_a_perplexity_of_e_to_the_50_at_most(tmp_path):
+    """A loss of 1000 (a run gone wrong) is logged as it is; its perplexity, e^1000, is past a float: capped at e^50."""
+    class Sure(torch.nn.Module):  # all on token 0, which no target is
+        def forward(self, x):
+            return torch.zeros(*x.shape, 64).index_fill(-1, torch.tensor([0]), 1000.0), None
+
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(1, 40))
+    data = TokenData(type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=64)),
+                     with_train=False)
+    out = evaluate(Sure(), None, data, 2, "cpu", contextlib.nullcontext())
+    assert out == dict(val_loss=pytest.approx(1000.0), val_ppl=math.exp(50))
+
+
+def test_task_rows_for_evaluation_and_analysis():
+    """A task's validation samples: split between processes, each once, padded with the end token and scored after
+    the prompt; for analysis, unpadded and without their end token (0 here)."""
+    rows = TaskRows()
+    rows.T, rows.pad, rows.val = 6, 0, [([5, 6, 7, 0], 2), ([8, 9, 0], 1), ([4, 4, 4, 4, 0], 3)]
+    assert [[(x.tolist(), y.tolist()) for x, y in rows.val_batches(1, rank, 2)] for rank in (0, 1)] == [
+        [([[5, 6, 7, 0, 0, 0]], [[-1, 7, 0, -1, -1, -1]]), ([[4, 4, 4, 4, 0, 0]], [[-1, -1, 4, 0, -1, -1]])],
+        [([[8, 9, 0, 0, 0, 0]], [[9, 0, -1, -1, -1, -1]])]]
+    assert [s.tolist() for s in rows.val_sequences(2)] == [[5, 6, 7], [8, 9]]
 
 
 def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
     """The validation windows tell the caller the vocabulary they need; a train batch past the model's is a
     DataError, not an embedding lookup's IndexError in the middle of a run."""
     write_shard(tmp_path / "x_val_000000.bin", [3, 7, 9] * 20)
-    write_shard(tmp_path / "x_train_000000.bin", [3, 7, 900] * 20)
+    write_shard(tmp_path / "x_train_000000.bin", [3, 7, 64] * 20)  # 64: the first id past a vocabulary of 64
     cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=64))
     data = TokenData(cfg)
     assert data.vocab_size == 10  # ids up to 9 in the validation windows
-    with pytest.raises(DataError, match="token id 900 of a train shard is past the model's --vocab-size=64, which "
+    with pytest.raises(DataError, match="token id 64 of a train shard is past the model's --vocab-size=64, which "
                                         "the validation shard's tokens fit: train a new run with a --vocab-size above it"):
         data.batch(np.random.default_rng(0), 4)
     (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
