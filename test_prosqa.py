@@ -173,6 +173,7 @@ def test_prosqa_accuracy_on_hand_made_generations(offline_gpt2, monkeypatch):
     assert prosqa.Data.metrics(tests, model, "cpu") == dict(acc=2 / 4)
     assert model.asked == [((4, 49), 15, 0, eot, [3, 3, 49, 49])]  # one batch, each prompt to the end of the block
     assert decode_tokens(enc, [72, 105, 999]) == "Hi\ufffd"  # an id past the vocabulary: no crash, no match
+    assert decode_tokens(enc, [eot, enc.n_vocab]) == "<|endoftext|>\ufffd"  # (the first id past it)
 
 
 def test_prosqa_fine_tuning_from_a_checkpoint(serve, arith_run, tmp_path, offline_gpt2, capsys):
