@@ -159,12 +159,12 @@ def test_a_diverged_model_has_a_perplexity_of_e_to_the_50_at_most(tmp_path):
 
 def test_task_rows_for_evaluation_and_analysis():
     """A task's validation samples: split between processes, each once, padded with the end token and scored after
-    the prompt; for analysis, unpadded and without their end token (0 here)."""
+    the prompt; for analysis, unpadded and without their end token (1 here)."""
     rows = TaskRows()
-    rows.T, rows.pad, rows.val = 6, 0, [([5, 6, 7, 0], 2), ([8, 9, 0], 1), ([4, 4, 4, 4, 0], 3)]
+    rows.T, rows.pad, rows.val = 6, 1, [([5, 6, 7, 1], 2), ([8, 9, 1], 1), ([4, 4, 4, 4, 1], 3)]
     assert [[(x.tolist(), y.tolist()) for x, y in rows.val_batches(1, rank, 2)] for rank in (0, 1)] == [
-        [([[5, 6, 7, 0, 0, 0]], [[-1, 7, 0, -1, -1, -1]]), ([[4, 4, 4, 4, 0, 0]], [[-1, -1, 4, 0, -1, -1]])],
-        [([[8, 9, 0, 0, 0, 0]], [[9, 0, -1, -1, -1, -1]])]]
+        [([[5, 6, 7, 1, 1, 1]], [[-1, 7, 1, -1, -1, -1]]), ([[4, 4, 4, 4, 1, 1]], [[-1, -1, 4, 1, -1, -1]])],
+        [([[8, 9, 1, 1, 1, 1]], [[9, 1, -1, -1, -1, -1]])]]
     assert [s.tolist() for s in rows.val_sequences(2)] == [[5, 6, 7], [8, 9]]
 
 
