@@ -77,6 +77,7 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
     assert "matrix-based Renyi entropy" in capsys.readouterr().out
+    assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
     again = tmp_path / "again"  # two runs of one router: each keeps its curves, named by its folder
     shutil.copytree(arith_run, again)
     both = analyze.main(["entropy", "--out-dir", str(arith_run), str(again), "--num-seqs", "2"])
@@ -336,7 +337,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
         "each seed once")
     picture = tmp_path / "curves.png"  # where curves saves its picture by default: a glob over the runs finds it
     picture.write_bytes(b"\x89PNG")
-    acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4", "--out", str(tmp_path / "c.png")])
+    acc_4 = analyze.main(["curves", *dirs[:2], str(picture), "--metric", "val_acc_4",
+                          "--out", str(tmp_path / "c.PNG")])  # (a PNG's suffix in capitals: a PNG all the same)
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
     assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().err
     assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
@@ -374,8 +376,10 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     (fresh / "config.json").write_text(json.dumps(dict(router="none", task=task, seed=1, max_steps=10)))
     assert "none, mod11-answer, tiers 2,3 operators, 10 steps: no evaluation with val_acc_3 in all of its 1 run(s)" in \
         error_of(analyze.main, ["curves", dirs[1], str(fresh)], capsys, code=1)
+    capsys.readouterr()
     assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
+    assert capsys.readouterr().out.count("val_loss, mean ± sd over the seeds:") == 1  # the metric asked for is val_loss
 
 
 def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
