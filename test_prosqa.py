@@ -78,6 +78,7 @@ NOT_FRAMED = "does not start and end with the end of text (256), with none betwe
     (lambda f: dict(prompt_lens=f["prompt_lens"][:3]), "5 offsets for 3 records"),
     (lambda f: dict(offsets=f["offsets"] + 1), "the offsets do not rise from 0 to the number of tokens"),
     (lambda f: dict(offsets=f["offsets"][[0, 2, 1, 3, 4]]), "the offsets do not rise from 0 to the number of tokens"),
+    (lambda f: dict(tokens=np.append(f["tokens"], 7)), "the offsets do not rise from 0 to the number of tokens"),
     (lambda f: dict(prompt_lens=changed(f["prompt_lens"], 1, 0)),
      "record 1: a prompt of 0 tokens, not 1 .. {m} of its {n}"),
     (lambda f: dict(prompt_lens=changed(f["prompt_lens"], 1, np.diff(f["offsets"])[1])),
