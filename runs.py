@@ -675,6 +675,9 @@ def saved_config(ckpt, out_dir, data_dir=None):
 def read_summary(run_dir):
     """A finished run's summary.json; a DataError if it is missing or damaged."""
     path = Path(run_dir) / "summary.json"
+    if not path.exists() and (Path(run_dir) / "prune.json").exists():
+        raise DataError(f"no {path}: a model saved by analyze.py prune --save, not a run (its prune.json has the "
+                        "scores of the pruning; sample.py --eval scores it)")
     if not path.exists():
         raise DataError(f"no {path} (is the run finished?)")
     return read_record(path)

@@ -425,6 +425,9 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
     assert report["pruned"] == 0 and report["top_p"] == 1  # p = 1: every weight is kept (its smallest is not 0)
     assert json.loads((mine / "prune.json").read_text())["pruned"] == 0 and not (mine / "log.jsonl").exists()
+    assert error_of(analyze.main, ["table", str(mine)], capsys, code=1) == f"analyze.py: error: no {mine}/summary.json: " \
+        "a model saved by analyze.py prune --save, not a run (its prune.json has the scores of the pruning; sample.py " \
+        "--eval scores it)"  # not 'is the run finished?'
 
 
 def test_mean_and_sample_sd_of_the_seeds():
