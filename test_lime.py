@@ -343,16 +343,31 @@ def test_route_ops_pass_opcheck():
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach().transpose(1, 2), False))
 
 
-@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax", [
-    (3, 2, 3, 8, torch.float32, 256, 8),  # heads and positions that fill no block
-    (3, 2, 3, 8, torch.float32, 32, 8),  # tiles of 4 positions: many programs, the last one partly filled
-    (11, 10, 4, 12, torch.float32, 256, 8),  # more outputs than one launch takes (kernels.NMAX); E not a power of 2
-    (17, 16, 4, 12, torch.float32, 256, 16),  # 16 outputs a launch, as bench.py --sweep tries: two launches here
-    (2, 0, 2, 16, torch.bfloat16, 256, 8),
-    (2, 1, 17, 12, torch.float32, 8, 8),  # heads padded to 32, not 16; E wider than a tile: one position a tile
+def laid_out(t, layout):
+    """t's values as a tensor that is either `strided` (not contiguous: its last two dimensions swapped in memory) or
+    `guarded` (contiguous, with NaN right after its last element: a kernel that reads one element past the end of
+    its K/V, its weights, a partial or a gradient turns an output NaN)."""
+    if layout == "strided":
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    guard = torch.full((t.numel() + 64,), float("nan"), dtype=t.dtype)
+    guard[:t.numel()] = t.flatten()
+    return guard[:t.numel()].view(t.shape)
+
+
+@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, layout", [
+    (3, 2, 3, 8, torch.float32, 256, 8, "guarded"),  # heads and positions that fill no block
+    (3, 2, 3, 8, torch.float32, 32, 8, "guarded"),  # tiles of 4 positions: many programs, the last one partly filled
+    (11, 10, 4, 12, torch.float32, 256, 8, "strided"),  # more outputs than one launch takes (kernels.NMAX); E not a
+    # power of 2
+    (17, 16, 4, 12, torch.float32, 256, 16, "strided"),  # 16 outputs a launch, as bench.py --sweep tries: two launches
+    (2, 0, 2, 16, torch.bfloat16, 256, 8, "guarded"),
+    (2, 1, 17, 12, torch.float32, 8, 8, "guarded"),  # heads padded to 32, not 16; E wider than a tile: one position a tile
 ])
-def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax):
-    """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation."""
+def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, layout):
+    """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation, on inputs laid out in
+    memory as `laid_out` says; grad w against its sums in float64 (both accumulate in fp32, bf16 K/V too). LIME_TRITON
+    picks the implementation: 0 plain PyTorch, 1 Triton (here in the interpreter), auto Triton for CUDA tensors only;
+    float64 K/V always go to the plain path."""
     pytest.importorskip("triton")
     monkeypatch.setattr(kernels, "COLUMNS", columns)
     monkeypatch.setattr(kernels, "NMAX", nmax)
@@ -360,12 +375,19 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     kv, w = torch.randn(2, 17, n_kv, E, generator=g).to(dtype), torch.randn(n_out, n_kv, n_kv, generator=g)
     partials = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_partials)]
     grads = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_out)]
+    exact_w = torch.stack([torch.einsum("bthe,btke->hk", gi.double(), kv.double()) for gi in grads])
+    kv, w = laid_out(kv, layout), laid_out(w, layout)
+    partials, grads = [laid_out(p, layout) for p in partials], [laid_out(gi, layout) for gi in grads]
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.02, atol=0.05)
     results = {}
     for impl in ("0", "1"):  # LIME_TRITON: plain PyTorch, then Triton
         monkeypatch.setattr(kernels, "USE_TRITON", impl)
+        assert kernels.use_triton(kv) == (impl == "1") and not kernels.use_triton(kv.double())
         results[impl] = (kernels.route(kv, w, partials), kernels.route_backward(grads, kv, w, True),
                          kernels.route_backward(grads, kv, w, False))
+        torch.testing.assert_close(results[impl][1][1].double(), exact_w, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(kernels, "USE_TRITON", "auto")
+    assert not kernels.use_triton(kv)  # a CPU tensor
     (plain_out, plain_grads, plain_no_w), (out, grads_, no_w) = results["0"], results["1"]
     assert len(out) == n_out and all(o.is_contiguous() and o.dtype == dtype for o in out)
     for a, b in zip(out + list(grads_) + list(no_w), plain_out + list(plain_grads) + list(plain_no_w)):
