@@ -341,6 +341,10 @@ def test_route_ops_pass_opcheck():
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach(), True))
     # grad w unneeded: zeros, contiguous as the fake says, whatever the strides of w (here transposed)
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach().transpose(1, 2), False))
+    # under bf16 autocast: bf16 K/V, fp32 weights; the outputs and grad kv are bf16, grad w fp32 (the fakes say so too)
+    kv, partials, grads = kv.detach().bfloat16(), [p.detach().bfloat16() for p in partials], [t.bfloat16() for t in grads]
+    torch.library.opcheck(kernels.route, (kv, w.detach(), partials), test_utils="test_faketensor")
+    torch.library.opcheck(kernels.route_backward, (grads, kv, w.detach(), True), test_utils="test_faketensor")
 
 
 def laid_out(t, layout):
