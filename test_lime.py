@@ -86,6 +86,16 @@ def test_kv_cache_generation_equals_recomputation(mode):
     torch.testing.assert_close(torch.cat(stepped, dim=1), model(ref)[0], rtol=1e-5, atol=1e-5)  # (B, 17, vocab)
 
 
+def test_after_the_prompt_the_cache_takes_one_token_at_a_time():
+    """SDPA's causal mask is top-left aligned: 2 new tokens after a cached prompt would read the wrong keys, so the
+    cache refuses them (the prompt itself, at position 0, may be any length)."""
+    model = small_model("lime")
+    cache = KVCache(model.config)
+    model(tokens(T=5), cache=cache)
+    with pytest.raises(AssertionError, match="after the prompt, the cache takes one token at a time"):
+        model(tokens(T=2), cache=cache)
+
+
 @pytest.mark.parametrize("mode", ROUTED)
 def test_under_autocast_the_routed_kv_stay_bf16(mode, monkeypatch):
     """Under bf16 autocast, every layer's routed K/V is bf16 as its own K/V is (fp32 router weights times bf16 K/V
