@@ -6,6 +6,7 @@ import json
 import math
 import re
 import sys
+import weakref
 
 import pytest
 import torch
@@ -485,6 +486,58 @@ def test_routing_saves_each_layer_once():
     model = small_model("lime", **shape)
     model.reference_routing = True
     assert saved_bytes(model, idx) > 1.3 * none
+
+
+def test_the_op_moves_what_kernels_py_counts(monkeypatch):
+    """kernels.py's count of lime's memory traffic, in slots (one layer's K/V), behind the README's "about 270 passes"
+    at 12 layers, here from the op's calls in a 12-layer model: forward, layer j reads kv_j and its partial sums and
+    writes its outputs (156 slots); backward, it reads its outputs' gradients and kv_j and writes grad kv_j (102); and
+    the Triton backward's grad w shares, written and summed, about 0.19 slot an output at the 150M shape. A partial
+    sum lives only until its layer has run; a pulled layer (dynamic's, but for layer 0) and the reference routing move
+    nothing."""
+    route, route_backward = kernels.route, kernels.route_backward
+    moved, outputs = dict(forward=0, backward=0), []
+
+    def counted_route(kv, w, partials):
+        outs = route(kv, w, partials)
+        moved["forward"] += 1 + len(partials) + len(outs)
+        outputs.extend(weakref.ref(o) for o in outs)
+        return outs
+
+    def counted_backward(grads, kv, w, need_w):
+        moved["backward"] += len(grads) + 2
+        return route_backward(grads, kv, w, need_w)
+
+    monkeypatch.setattr(kernels, "route", counted_route)
+    monkeypatch.setattr(kernels, "route_backward", counted_backward)
+    L, idx = 12, tokens(T=4)
+    model = small_model("lime", n_layer=L)
+    model(idx, idx)[1].backward()
+    assert moved == dict(forward=L + 1 + sum(2 * (L - j) + 1 for j in range(1, L)),
+                         backward=sum(L - j + 2 for j in range(L))) == dict(forward=156, backward=102)
+    assert "= 156 at L = 12" in kernels.__doc__ and "= 102 at L = 12" in kernels.__doc__
+    if kernels.triton is not None:  # a tile's (n_kv, n_kv) fp32 share of grad w per output, next to its bf16 slot
+        tile = kernels._launch_shape(torch.empty(16, 2048, 12, 128, dtype=torch.bfloat16, device="meta"))
+        share = 2 * tile["NKV"] ** 2 * 4 / (tile["BP"] * tile["NKV"] * tile["E"] * 2)
+        total = 156 + 102 + share * sum(L - j for j in range(L))
+        assert round(share, 2) == 0.19 and round(total, -1) == 270 and round(total * 16 * 2048 * 12 * 128 * 2 / 1e9) == 27
+    # inference: at layer m, the partial sums alive are those of layers m..L-1 (each read layer 0); none outlives its layer
+    alive, call = [], lime.Routing.__call__
+
+    def routed(self, layer, kv, x):
+        alive.append(sum(ref() is not None for ref in outputs))
+        return call(self, layer, kv, x)
+
+    monkeypatch.setattr(lime.Routing, "__call__", routed)
+    with torch.no_grad():
+        model(idx)
+    assert alive == [0] + [L - m for m in range(1, L)]
+    moved.update(forward=0, backward=0)
+    model.reference_routing = True
+    model(idx, idx)[1].backward()
+    assert moved == dict(forward=0, backward=0)
+    small_model("dynamic")(idx, idx)[1].backward()  # layers 1..5 pull; layer 0 (Own) pushes to itself: kv in, one out
+    assert moved == dict(forward=2, backward=3)
 
 
 @pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01", "last-J",
