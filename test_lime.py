@@ -492,11 +492,12 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     """kernels.py's count of lime's memory traffic, in slots (one layer's K/V), behind the README's "about 270 passes"
     at 12 layers, here from the op's calls in a 12-layer model: forward, layer j reads kv_j and its partial sums and
     writes its outputs (156 slots); backward, it reads its outputs' gradients and kv_j and writes grad kv_j (102); and
-    the Triton backward's grad w shares, written and summed, about 0.19 slot an output at the 150M shape. A partial
+    the Triton backward's grad w shares, written and summed, about 0.19 slot an output at the 150M shape (none for
+    fixed weights: `average`'s, layer 0's alone). A partial
     sum lives only until its layer has run; a pulled layer (dynamic's, but for layer 0) and the reference routing move
     nothing."""
     route, route_backward = kernels.route, kernels.route_backward
-    moved, outputs = dict(forward=0, backward=0), []
+    moved, outputs = dict(forward=0, backward=0, grad_w=0), []  # grad_w: the outputs whose grad w shares are moved
 
     def counted_route(kv, w, partials):
         outs = route(kv, w, partials)
@@ -506,6 +507,7 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
 
     def counted_backward(grads, kv, w, need_w):
         moved["backward"] += len(grads) + 2
+        moved["grad_w"] += len(grads) * need_w
         return route_backward(grads, kv, w, need_w)
 
     monkeypatch.setattr(kernels, "route", counted_route)
@@ -514,7 +516,7 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     model = small_model("lime", n_layer=L)
     model(idx, idx)[1].backward()
     assert moved == dict(forward=L + 1 + sum(2 * (L - j) + 1 for j in range(1, L)),
-                         backward=sum(L - j + 2 for j in range(L))) == dict(forward=156, backward=102)
+                         backward=sum(L - j + 2 for j in range(L)), grad_w=78) == dict(forward=156, backward=102, grad_w=78)
     assert "= 156 at L = 12" in kernels.__doc__ and "= 102 at L = 12" in kernels.__doc__
     if kernels.triton is not None:  # a tile's (n_kv, n_kv) fp32 share of grad w per output, next to its bf16 slot
         tile = kernels._launch_shape(torch.empty(16, 2048, 12, 128, dtype=torch.bfloat16, device="meta"))
@@ -532,12 +534,15 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     with torch.no_grad():
         model(idx)
     assert alive == [0] + [L - m for m in range(1, L)]
-    moved.update(forward=0, backward=0)
+    moved.update(forward=0, backward=0, grad_w=0)
     model.reference_routing = True
     model(idx, idx)[1].backward()
-    assert moved == dict(forward=0, backward=0)
+    assert moved == dict(forward=0, backward=0, grad_w=0)
     small_model("dynamic")(idx, idx)[1].backward()  # layers 1..5 pull; layer 0 (Own) pushes to itself: kv in, one out
-    assert moved == dict(forward=2, backward=3)
+    assert moved == dict(forward=2, backward=3, grad_w=0)
+    moved.update(forward=0, backward=0, grad_w=0)
+    small_model("average")(idx, idx)[1].backward()  # fixed weights: no grad w to move
+    assert moved["grad_w"] == 0 and moved["backward"] == sum(6 - j + 2 for j in range(6))
 
 
 @pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01", "last-J",
