@@ -284,6 +284,8 @@ BAD_INPUTS = [
     ("train", train_args("--resume", "--overwrite"), 2, "give one of them"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=6", "--resume"), 2,
      "already at max_steps=6"),
+    ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=4", "--resume"), 2,
+     "--resume: the checkpoint is already at max_steps=4; raise --max-steps"),  # (at step 6: past it, not trained back)
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={r}", "--max-steps=8", "--resume", "--stop-at=6"), 2,
      "--stop-at=6: the checkpoint is already at step 6"),  # (a session that would take no step, and rewrite the run)
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--top-k", "0", "--temperature", "1"], 2,
