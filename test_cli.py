@@ -598,6 +598,9 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape, dtype=torch.uint8) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (~1 is 254, not False)
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
+        k: torch.ones(v.shape[0], dtype=torch.bool) for k, v in c["model"].items() if k.endswith("router.weight")})),
+                   resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (of another shape)
     # --dry-run loads the weights it names on the meta device: what the run itself would refuse, it refuses
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
