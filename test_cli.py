@@ -744,6 +744,13 @@ DAMAGED = [
                                     "1.0)"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
         maximize=True)), resume), 1, "an optimiser state its config does not describe (maximize True, not False)"),
+    ("train", then(on_the_copy, edit_moments(lambda s: s["exp_avg"].fill_(math.nan)), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its optimiser state's exp_avg of transformer.", " is not finite")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
+        betas=(0.9, 0.95, 0.5))), resume), 1,  # (zip would read the first two: AdamW's step fails on three)
+     "ckpt.pt holds an optimiser state its config does not describe (betas (0.9, 0.95, 0.5), not (0.9, 0.95))"),
+    ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=torch.tensor(math.inf))), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is inf, not a count of steps")),
     ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=torch.tensor(-1.0))), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is -1.0, not a count of steps")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state=[1])), resume),
