@@ -471,6 +471,7 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
         printed = capsys.readouterr().out
         config = json.loads(printed.splitlines()[0].removeprefix("config: "))
         assert config["data_dir"] == str(tmp_path / data_dir) and "nothing was written" in printed
+        assert config["out_dir"] == "out/tiny-lime"  # no --out-dir: out/<preset>-<router>, as --help says
     monkeypatch.setenv("RANK", "1")  # under torchrun the config is printed once, by rank 0
     assert train.main(["--preset=tiny", "--dry-run"]) is None and capsys.readouterr().out == ""
     assert list(tmp_path.iterdir()) == []
