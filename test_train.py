@@ -121,7 +121,11 @@ def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
 
-def test_missing_language_data_says_how_to_prepare(tmp_path, capsys):
+def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the preset's own folder, data/fineweb-edu: the command needs no --data-dir
+    msg = error_of(train.main, ["--preset=150m", "--out-dir=run"], capsys, code=1)
+    assert msg.endswith("; prepare it with `python prepare_data.py fineweb-edu` (the offline --preset=tiny needs no "
+                        "download)")
     msg = error_of(train.main, ["--preset=150m", f"--data-dir={tmp_path / 'nothing'}", f"--out-dir={tmp_path / 'run'}"],
                    capsys, code=1)
     assert "no val shards in" in msg and "python prepare_data.py fineweb-edu" in msg and "--preset=tiny" in msg
