@@ -188,6 +188,7 @@ def test_flags_come_from_the_config_fields():
     p = runs.build_parser(Fork, {**dataclasses.asdict(Fork()), **train.PRESETS["tiny"]})
     args = p.parse_args(["--plain=5", "--switch=off"])
     assert args.plain == 5 and args.switch is False and p.parse_args(["--switch=on"]).switch is True
+    assert [p.parse_args([f"--switch={w}"]).switch for w in ("1", "0", "Yes", "FALSE")] == [True, False, True, False]
     helps = {a.dest: a.help for a in p._actions}
     assert helps["plain"] == "plain [3]" and helps["switch"] == "a documented switch [True]"
     assert helps["router"] == f"cross-layer method, a router or a baseline: {methods.router_forms()} [lime]"
