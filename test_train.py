@@ -156,6 +156,15 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(answer_dir, tmp_path,
     assert not (out / "summary.json").exists()
 
 
+def test_a_run_that_diverges_before_its_first_checkpoint_says_so(tmp_path, capsys):
+    """A loss that is not finite before any checkpoint: nothing is kept, and the line says so, not that one stays."""
+    run = runs.Run(train.TrainConfig(out_dir=str(tmp_path / "run")))
+    with pytest.raises(SystemExit) as e:
+        run.diverged(FloatingPointError("training loss is nan at step 3"))
+    assert e.value.code == 1 and capsys.readouterr().err == \
+        "train.py: error: training loss is nan at step 3; stopping: no checkpoint was written (lower --lr?)\n"
+
+
 def test_a_disk_that_fails_while_a_run_is_saved_leaves_its_files_as_they_were(arith_run, tmp_path, monkeypatch):
     """ckpt.pt and summary.json are written whole or not at all: a disk that fails during the write (here, as it
     syncs the file) is a DataError, and the checkpoint and summary from before stay, byte for byte."""
