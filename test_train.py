@@ -239,6 +239,13 @@ def test_learning_rate_schedules():
     assert train.learning_rate(35, cfg) == pytest.approx(1e-6 + 0.75 * (1e-3 - 1e-6))
 
 
+def test_the_eta_is_in_seconds_then_minutes_then_hours():
+    """The progress line's ETA: whole seconds up to a minute and a half, then minutes up to an hour and a half, then
+    hours, each to a tenth."""
+    assert [runs.format_eta(s) for s in (0, 60, 89.6, 90, 91, 5400, 5401, 36000)] == \
+        ["0s", "60s", "90s", "90s", "1.5m", "90.0m", "1.5h", "10.0h"]
+
+
 def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_dir, tmp_path, monkeypatch):
     """Batch 8 as 2 micro-steps of 4: each micro-step draws rows of its own, the loss a step logs and backpropagates
     is the mean over them (each micro-step's loss / 2), and every parameter group steps at the schedule's rate times
