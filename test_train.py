@@ -403,6 +403,26 @@ def test_a_signal_during_a_save_waits_for_it(answer_dir, tmp_path, monkeypatch, 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # train.py put the usual Ctrl-C back
 
 
+def test_a_signal_inside_hold_waits_for_its_end_and_the_first_one_counts():
+    """runs.Signals: inside hold() (nested too) a signal waits for the end of the outermost block, then stops the run;
+    of two that came meanwhile, the first is the one it stops with (Ctrl-C then SIGTERM: 130, not 143). Once it is
+    stopping, a signal waits even outside hold(). Leaving puts the handlers before it back."""
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    done = []
+    with runs.Signals() as signals:
+        with pytest.raises(cli.Interrupted) as e:
+            with signals.hold():
+                with signals.hold():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    done.append("inner")
+                done.append("outer")
+        assert done == ["inner", "outer"] and e.value.signum == signal.SIGINT and signals.stopping
+        os.kill(os.getpid(), signal.SIGTERM)  # stopping: no second Interrupted on the way out
+        done.append("after")
+    assert done[-1] == "after" and [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+
+
 @pytest.fixture(scope="module")
 def closed_output_runs(answer_dir, tmp_path_factory):
     """ctrl_c -> (stderr, exit code, run folder) of a `python train.py` whose reader closes its output: both runs at
