@@ -34,7 +34,16 @@ from data import MAGIC, write_shard
 
 
 def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
-    """--device=cuda:N numbers the visible devices from 0: with one, cuda:0 is it and cuda:1 is refused."""
+    """--device=cuda:N numbers the visible devices from 0: with one, cuda:0 is it and cuda:1 is refused. A CUDA build
+    that sees no device says so (not that it is a CPU-only build); auto is CUDA, then MPS, then the CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    with pytest.raises(cli.UsageError, match=re.escape("--device=cuda:0: no CUDA device is visible")):
+        cli.pick_device("cuda:0")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert cli.pick_device("auto") == "mps"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert cli.pick_device("auto") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert cli.pick_device("cuda:0") == "cuda:0" and cli.pick_device("cuda") == "cuda"
