@@ -280,6 +280,7 @@ BAD_INPUTS = [
     ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
     ("train", train_args("--n-layer=0"), 2, "--n-layer must be positive, got 0"),
     ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
+    ("train", train_args("--device=mps"), 2, "--device=mps: MPS is not available on this machine"),
     ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md'}"), 2, "is a file, not a folder"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
@@ -402,6 +403,7 @@ def test_every_bad_input_is_one_line_and_changes_nothing(arith_dir, arith_run, t
                                                          script, argv, code, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)  # what a CPU-only build says, even on a GPU machine
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)  # (and a Mac without MPS)
     (tmp_path / "notes.md").write_text("not a folder")
     before = snapshot(arith_dir, arith_run, tmp_path)
     main = {"train": train.main, "sample": sample.main, "prepare_data": prepare_data.main, "analyze": analyze.main,
