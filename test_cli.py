@@ -275,6 +275,7 @@ BAD_INPUTS = [
     ("train", train_args(f"--seed={2**63}"), 2, f"--seed must be in 0 .. 2**63 - 1, got {2**63}"),
     ("train", train_args("--grad-clip=inf"), 2, "--grad-clip must be finite, got inf"),
     ("train", train_args("--lr=inf"), 2, "--lr must be finite, got inf"),
+    ("train", train_args("--min-lr=-inf"), 2, "--min-lr must be finite, got -inf"),
     ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
     ("train", train_args("--n-head=0"), 2, "--n-head must be positive, got 0"),
     ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
