@@ -125,6 +125,16 @@ def test_help_gives_each_flags_default(capsys):
     assert "--out-dir OUT_DIR checkpoints and logs (default out/<preset>-<router>) --batch-size" in text
     assert "fresh optimiser) --data DATA dataset [fineweb-edu]" in text
 
+def test_a_folder_that_cannot_be_written_is_refused_before_anything_is(arith_dir, tmp_path, capsys, monkeypatch):
+    """An --out-dir inside a folder this user may not write in: one line naming that folder, not a PermissionError
+    after the data was read. (To root every folder is writable: os.access says here what it says to another user.)"""
+    access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: access(p, mode) and Path(p) != tmp_path)
+    err = error_of(train.main, tiny_args(arith_dir, tmp_path / "runs" / "a"), capsys)
+    assert err == f"train.py: error: --out-dir={tmp_path / 'runs' / 'a'}: {tmp_path} is not writable"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     """Two runs of an offline preset started at once both generate its data: each write goes through a
     temporary file of its own, so neither renames the other's away (a FileNotFoundError once)."""
