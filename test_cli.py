@@ -150,9 +150,14 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     assert path.read_bytes() == b"the same lines\n" and list(tmp_path.iterdir()) == [path]
     # what a process killed while writing left (a checkpoint's can be GBs) goes; a running process's stays
     killed, writing = tmp_path / "train.txt.999999999.tmp", tmp_path / f"train.txt.{os.getppid()}.tmp"
-    killed.write_bytes(b"half"), writing.write_bytes(b"half")
+    others = tmp_path / "train.txt.999999998.tmp"  # another user's process, running: signal 0 may not reach it
+    for stale in (killed, writing, others):
+        stale.write_bytes(b"half")
+    kill = os.kill
+    monkeypatch.setattr(cli.os, "kill", lambda pid, sig: kill(pid, sig) if pid != 999999998 else (
+        _ for _ in ()).throw(PermissionError(errno.EPERM, os.strerror(errno.EPERM))))
     cli.atomic_write(path, lambda f: f.write(b"new"))
-    assert sorted(tmp_path.iterdir()) == [path, writing] and path.read_bytes() == b"new"
+    assert set(tmp_path.iterdir()) == {path, writing, others} and path.read_bytes() == b"new"
 
 
 def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
