@@ -60,10 +60,12 @@ def test_metrics_show_accuracies_in_percent():
 
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
-    names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080"}
+    names = {"cuda": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 PCIe", "cuda:2": "NVIDIA GeForce GTX 1080",
+             "cuda:3": "NVIDIA H200"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device])
     assert cli.peak_flops("cuda", "bfloat16") == 989e12
     assert cli.peak_flops("cuda:1", "bfloat16") == 756e12
+    assert cli.peak_flops("cuda:3", "bfloat16") == 989e12  # (the H100 SXM's compute, with more memory)
     assert cli.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
     assert cli.peak_flops("cuda", "float32") is None and cli.peak_flops("cpu", "bfloat16") is None
 
