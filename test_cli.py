@@ -680,6 +680,8 @@ DAMAGED = [
      "summary.json is not what this repo writes: it has no 'router'"),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is empty"),
+    ("analyze", then(lambda d, r, t: ((r / "summary.json").unlink(), (r / "summary.json").mkdir()),
+                     lambda d, r, t: ["table", str(r)]), 1, "summary.json cannot be read (Is a directory)"),
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
