@@ -2,6 +2,7 @@
 code, and nothing written."""
 
 import ast
+import contextlib
 import dataclasses
 import errno
 import json
@@ -15,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,17 @@ def test_peak_flops_only_for_known_devices(monkeypatch):
     assert cli.peak_flops("cuda:3", "bfloat16") == 989e12  # (the H100 SXM's compute, with more memory)
     assert cli.peak_flops("cuda:2", "bfloat16") is None  # unknown: no MFU rather than a wrong one
     assert cli.peak_flops("cuda", "float32") is None and cli.peak_flops("cpu", "bfloat16") is None
+
+
+def test_autocast_is_bfloat16_on_cuda_unless_told():
+    """What sample.py and analyze.py evaluate in: bf16 autocast on any CUDA device (as training there), full precision
+    on the CPU, and what a dtype given says."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no CUDA here: torch disables the autocast it builds, with a warning)
+        cuda = cli.autocast_for("cuda:1")
+    assert (cuda.device, cuda.fast_dtype) == ("cuda", torch.bfloat16)
+    assert isinstance(cli.autocast_for("cpu"), contextlib.nullcontext)
+    assert cli.autocast_for("cpu", "bfloat16").fast_dtype == torch.bfloat16
 
 
 def test_ctrl_c_while_torch_loads_is_one_line():
