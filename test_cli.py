@@ -187,7 +187,8 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
 
     for error, says in ((OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
                         (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing "
-                                      "file data/0: file write failed\n(more)"), "[enforce fail at inline_container")):
+                                      "file data/0: file write failed\n(more)"), "[enforce fail at inline_container"),
+                        (RuntimeError(), "RuntimeError")):  # (one that says nothing: its kind, not an IndexError)
         with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}: {says}")):
             cli.atomic_write(path, disk_full(error))
         assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
