@@ -233,6 +233,7 @@ def test_param_groups_follow_the_spec():
 def test_learning_rate_schedules():
     cfg = train.TrainConfig(lr=1e-3, min_lr=1e-6, warmup_steps=10, max_steps=110, schedule="cosine")
     assert train.learning_rate(0, cfg) == pytest.approx(1e-4) and train.learning_rate(9, cfg) == pytest.approx(1e-3)
+    assert train.learning_rate(10, cfg) == pytest.approx(1e-3)  # the first step of the decay: the peak, not past it
     assert train.learning_rate(60, cfg) == pytest.approx((1e-3 + 1e-6) / 2)
     assert train.learning_rate(110, cfg) == pytest.approx(1e-6)
     cfg.schedule = "linear"
