@@ -228,6 +228,11 @@ def test_param_groups_follow_the_spec():
     assert "transformer.wte.weight" in no_decay and all("ln" in n or "wte" in n for n in no_decay)
     assert all(n.endswith(("c_q.weight", "c_kv.weight", "c_proj.weight", "c_fc.weight")) for n in decay)
     assert len(decay | no_decay | router) == len(names)
+    hc = small_model("hc")  # a method of the residual stream (baselines.py): its matrices too, without decay
+    residual = {id(p): p for n, p in hc.named_parameters() if n.startswith("residual.")}
+    assert any(p.dim() >= 2 for p in residual.values())
+    assert [(g["weight_decay"], g["lr_scale"]) for g in train.param_groups(hc, cfg) if any(id(p) in residual for p in
+                                                                                         g["params"])] == [(0.0, 1.0)]
 
 
 def test_learning_rate_schedules():
