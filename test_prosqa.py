@@ -181,10 +181,11 @@ def test_prosqa_fine_tuning_from_a_checkpoint(serve, arith_run, tmp_path, offlin
     folder, out = tmp_path / "prosqa", tmp_path / "ft"
     prepare_data.prepare_prosqa(folder, serve(prosqa_files()).url)
     train.main(["--preset=prosqa", f"--data-dir={folder}", f"--out-dir={out}", f"--init-from={arith_run}",
-                "--block-size=128", "--batch-size=8", "--micro-batch-size=8", "--epochs=1", "--warmup-epochs=0.5",
+                "--block-size=128", "--batch-size=8", "--micro-batch-size=8", "--epochs=0.8", "--warmup-epochs=0.3",
                 "--eval-samples=2", "--log-interval=1"])
     config = json.loads((out / "config.json").read_text())
-    # the shape of the tiny arithmetic model, not the preset's 150M; the preset's schedule, in epochs of 32 samples
+    # the shape of the tiny arithmetic model, not the preset's 150M; the preset's schedule, in epochs of 32 samples:
+    # 0.8 and 0.3 of 4 steps, rounded up (3.2 -> 4, 1.2 -> 2)
     assert (config["n_layer"], config["n_embd"], config["vocab_size"], config["block_size"]) == (2, 32, 1024, 128)
     assert (config["max_steps"], config["warmup_steps"], config["lr"], config["schedule"]) == (4, 2, 1e-4, "linear")
     assert config["init_from"] == str(arith_run) and "starting from the weights of" in capsys.readouterr().out
