@@ -260,13 +260,15 @@ def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_di
     monkeypatch.setattr(arithmetic.Data, "batch", lambda self, rng, n: batches.append(real_batch(self, rng, n)) or
                         batches[-1])
     out = tmp_path / "run"
-    train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1"))
+    train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1", "--log-interval=5"))
     assert len(batches) == 2 and not torch.equal(batches[0][0], batches[1][0])
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     cfg = train.TrainConfig(**ckpt["config"])
     torch.manual_seed(cfg.seed)
     model = GPT(GPTConfig.of(cfg))  # the initial weights, drawn as train.py draws them
     assert train_losses(out)[1] == pytest.approx(sum(model(x, y)[1].item() for x, y in batches) / 2, rel=1e-6)
+    # the last step is logged, off the --log-interval too, with the rate it stepped at (the first: of step 0)
+    assert [r["lr"] for r in read_log(out) if "loss" in r] == [train.learning_rate(0, cfg)]
     rates = {g["lr_scale"]: g["lr"] for g in ckpt["optimizer"]["param_groups"]}
     assert rates == pytest.approx({1.0: train.learning_rate(0, cfg), cfg.router_lr / cfg.lr:
                                    train.learning_rate(0, cfg) * cfg.router_lr / cfg.lr})
