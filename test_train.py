@@ -534,6 +534,7 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
     for argv, want in [(["--preset=arith", "--max-steps=40"], dict(max_steps=40, epochs=0.0)),
                        (["--preset=arith", "--max-steps=40", "--stop-at=40"], dict(max_steps=40, stop_at=40)),
                        (["--preset=arith", "--seed=0"], dict(epochs=200, seed=0)),  # (the first seed there is)
+                       (["--preset=tiny", "--router-top-p=1", "--prune-at=3"], dict(router_top_p=1.0)),  # (keeps all)
                        (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10))]:
         train.main([*argv, "--dry-run"])
         config = json.loads(capsys.readouterr().out.splitlines()[0].removeprefix("config: "))
