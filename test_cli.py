@@ -318,6 +318,7 @@ BAD_INPUTS = [
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
      "notes.md is a file, not a folder"),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
+    ("train", train_args("--beta2=1"), 2, "--beta2 must be in [0, 1), got 1.0"),
     ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
     ("train", lambda a, r, t: ["--preset=150m", "--data=shakespeare", "--epochs=2", f"--out-dir={t / 'run'}"], 2,
      "--epochs is for arithmetic and prosqa data, not --data=shakespeare"),  # refused, not ignored
