@@ -554,11 +554,14 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     shutil.copytree(answer_dir, moved)
     train.main(["--out-dir", str(parts), "--resume", f"--data-dir={moved}"])
     assert_same_run(parts, whole_run)
-    train.main(tiny_args(answer_dir, short, "--stop-at=6"))
+    # a run of epochs (200 samples in batches of 8, half an epoch: 12.5 steps, 13) ended with --max-steps=6
+    train.main([a for a in tiny_args(answer_dir, short, "--stop-at=6", "--epochs=0.5") if a != "--max-steps=12"])
+    assert json.loads((short / "config.json").read_text())["max_steps"] == 13
     train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
     evals = [r for r in read_log(short) if "val_loss" in r]
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
-    assert "acc_3" in json.loads((short / "summary.json").read_text())
+    summary = json.loads((short / "summary.json").read_text())
+    assert "acc_3" in summary and summary["tokens_seen"] == 6 * 8 * 64  # every step, those of the first session too
     (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
