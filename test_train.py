@@ -40,6 +40,7 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path, capsys):
     assert {"val_loss", "val_ppl", "acc_4", "acc_5", "acc_6", "val_acc_6", "tokens_per_s", "peak_memory_bytes"} <= \
         set(summary)
     assert arithmetic.Task.from_meta(summary["task"]) == arithmetic.Task() and summary["seed"] == 1337
+    assert (summary["data"], summary["preset"], summary["device"]) == ("arithmetic", "tiny", cli.pick_device("auto"))
     evals = [r for r in read_log(out) if "val_loss" in r]
     assert [r["step"] for r in evals] == [20, 40] and evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert "val_acc_6" in evals[0] and "acc_6" not in evals[0] and "acc_6" in evals[-1]  # the test split at the end
