@@ -479,6 +479,7 @@ def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(arith_dir, ar
     assert {k: new[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")} == \
         {k: old[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")}
     assert "step 1/" not in capsys.readouterr().out  # no training step was taken
+    assert read_log(run) == read_log(arith_run)  # the loss of step 6 kept, its evaluation done again, to the same row
     err = error_of(train.main, tiny_args(arith_dir, run, "--resume", "--max-steps=6"), capsys)  # finished now
     assert "already at max_steps=6" in err
 
