@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import arithmetic
+import cli
 import prepare_data
 import runs
 import sample
@@ -77,7 +79,15 @@ def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, 
     does; a block one token shorter is refused (the data does not fit the saved model: exit 1)."""
     run = tmp_path / "run"
     shutil.copytree(arith_run, run)
-    longest = runs.load_data(runs.saved_config(runs.read_checkpoint(run), run), with_train=False).longest
+    cfg = runs.saved_config(runs.read_checkpoint(run), run)
+    data = runs.load_data(cfg, with_train=False)
+    longest = data.longest
+    cfg.vocab_size = data.vocab_size  # likewise a vocabulary of exactly the data's tokens fits, one less does not
+    assert runs.load_data(cfg, with_train=False).vocab_size == cfg.vocab_size
+    cfg.vocab_size -= 1
+    with pytest.raises(cli.DataError, match=re.escape(f"holds token ids up to {cfg.vocab_size}, past the model's "
+                                                      f"vocab_size={cfg.vocab_size}")):
+        runs.load_data(cfg, with_train=False)
     summary = json.loads((run / "summary.json").read_text())
     for block in (longest - 1, longest - 2):
         edit_checkpoint(run, lambda ckpt: ckpt["config"].update(block_size=block))
