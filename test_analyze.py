@@ -328,6 +328,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
                        ('"val_loss": -Infinity', "val_loss is not a number from 0 up (-inf)")]:
         (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 0.5, "val_acc_6": 0.5}\n{"step": 200, %s}\n' % row)
         assert f"step 200: {fault}" in error_of(analyze.main, ["curves", str(huge)], capsys, code=1)
+    (huge / "summary.json").write_text(json.dumps(dict(router="lime", val_loss=0.0, val_ppl=1.0)))  # a loss of 0
+    assert analyze.main(["table", str(huge)]).endswith("| lime | 1.0000 | - |")  # (float32 rounds a sure one to it)
     (huge / "summary.json").write_text(json.dumps(dict(router="lime", acc_4=10**400, val_loss=0.5)))
     assert "summary.json is not what this repo writes: its 'acc_4' is 1000" in error_of(
         analyze.main, ["table", str(huge)], capsys, code=1)
