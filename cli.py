@@ -160,10 +160,15 @@ def stdout_closed():
         return False
 
 
+def is_accuracy(key):
+    """Whether a metric's name is an accuracy's: acc (ProsQA), acc_4 (a tier's), val_acc_4 (on the validation split)."""
+    return re.fullmatch(r"(val_)?acc(_\d+)?", key) is not None
+
+
 def show_value(key, value):
     """An accuracy in percent ('31.0%'), as the README shows them, anything else to 4 decimals ('0.2653').
     summary.json and log.jsonl keep accuracies as fractions."""
-    return f"{100 * value:.1f}%" if re.fullmatch(r"(val_)?acc(_\d+)?", key) else f"{value:.4f}"
+    return f"{100 * value:.1f}%" if is_accuracy(key) else f"{value:.4f}"
 
 
 def show_metrics(metrics):

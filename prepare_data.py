@@ -97,8 +97,12 @@ def failure(e):
     own text repeats the URL and every layer that wrapped the cause, some 300 characters for a machine offline."""
     cause = e.args[0] if e.args and isinstance(e.args[0], Exception) else e  # requests wraps urllib3's error
     cause = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError wraps the cause again
-    text = next((a for a in reversed(cause.args) if isinstance(a, str)), str(cause))  # (some start with the connection)
-    return text.split("): ", 1)[-1]  # without "HTTPSConnection(host='...', port=443): "
+    texts = [str(a) for a in cause.args if isinstance(a, (str, BaseException)) and str(a)] or [type(cause).__name__]
+    words = []
+    for text in texts:  # 'Connection aborted.' and its cause, each without "HTTPSConnection(host='...', port=443): "
+        text = text.split("): ", 1)[-1]
+        words += [] if any(text in w for w in words) else [text]  # (not a cause its message already names)
+    return " ".join(words)
 
 
 class Progress:

@@ -28,7 +28,7 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, default_shown, folder_problem,
-                 one_line_errors, option, pick_device, read_json)
+                 is_accuracy, one_line_errors, option, pick_device, read_json)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -170,7 +170,8 @@ def resolve(argv, cls, presets, description=None):
                              "run's weights: give one of them")
         init = init_checkpoint(cfg, given)
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
-    if init is not None and Path(cfg["out_dir"]).resolve() == Path(cfg["init_from"]).resolve():  # --overwrite: gone
+    if init is not None and os.path.exists(cfg["out_dir"]) and os.path.samefile(cfg["out_dir"], cfg["init_from"]):
+        # (--overwrite would clear the run it starts from)
         raise UsageError(f"--out-dir={cfg['out_dir']} is the run --init-from starts from: give a new folder")
     problem = folder_problem(cfg["out_dir"])
     if problem:
@@ -675,10 +676,10 @@ def saved_config(ckpt, out_dir, data_dir=None):
 def read_summary(run_dir):
     """A finished run's summary.json; a DataError if it is missing or damaged."""
     path = Path(run_dir) / "summary.json"
-    if not path.exists() and (Path(run_dir) / "prune.json").exists():
-        raise DataError(f"no {path}: a model saved by analyze.py prune --save, not a run (its prune.json has the "
-                        "scores of the pruning; sample.py --eval scores it)")
     if not path.exists():
+        if (path.parent / "prune.json").exists() and not (path.parent / "log.jsonl").exists():  # (not trained on)
+            raise DataError(f"no {path}: a model saved by analyze.py prune --save, not a run (its prune.json has the "
+                            "scores of the pruning; sample.py --eval scores it)")
         raise DataError(f"no {path} (is the run finished?)")
     return read_record(path)
 
@@ -706,7 +707,7 @@ def metric_fault(key, value, diverged=False):
     """What is wrong with `value` as the metric `key` of a run, or None: an accuracy (acc, acc_4, val_acc_4) is a
     share from 0 to 1, a loss or a perplexity a number from 0 up, with `diverged` also NaN or inf (the log's last
     evaluation of a run that diverged: train.py stops after it). None for a key that is no metric."""
-    if re.fullmatch(r"(val_)?acc(_\d+)?", key):
+    if is_accuracy(key):
         return None if of_kind(value, float) and 0 <= value <= 1 else "not a share from 0 to 1"
     if key in ("val_loss", "val_ppl"):
         ok = of_kind(value, float) and (0 <= value < math.inf or diverged and not value < 0)  # (NaN < 0 is False)

@@ -11,14 +11,14 @@ import math
 import re
 import statistics
 
-from cli import DataError, UsageError, show_value
+from cli import DataError, UsageError, is_accuracy, show_value
 from runs import seed_group
 
 
 def change(key, value, base):
     """value against base, signed: a perplexity in % ('+3.36%', Table 7's change to lime), an accuracy in points
     ('-26.0 pts': 3.8% against 29.8% is -87% relative, which says little, and nothing is relative to 0)."""
-    if "acc" in key:
+    if is_accuracy(key):
         return f"{100 * (value - base):+.1f} pts"
     return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"
 

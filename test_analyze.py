@@ -64,7 +64,7 @@ def test_renyi_entropy_extremes():
         # centring over tokens leaves T - 1 dimensions: the maximum is log(T - 1)
         assert 0.995 * math.log(T - 1) < analyze.renyi_entropy(isotropic, alpha) <= math.log(T - 1) + 1e-9
     # the features are standardised: a feature's scale or offset (one in kilometres, one in metres) changes nothing
-    Z = torch.randn(T, 6, generator=g)
+    Z = torch.randn(T, 6, generator=g, dtype=torch.float64)  # (in float32, + 1.0 to 1e-3 Z loses 4 digits)
     rescaled = Z * torch.tensor([1e3, 1e-3, 1.0, 50.0, 0.2, 7.0]) + torch.arange(6.0)
     for alpha in (1.0, 2.0):
         assert analyze.renyi_entropy(rescaled, alpha) == pytest.approx(analyze.renyi_entropy(Z, alpha), rel=1e-6)
@@ -395,6 +395,7 @@ def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
         "change to lime (acc_5) | change to lime (acc_6) |"
     assert "| none | 50.0% | 29.8% | 25.0% | +0.0 pts | +0.0 pts | +25.0 pts |" in table  # not n/a: nothing is % of 0
     assert "| first-4 | 50.0% | 29.8% | 3.8% | +0.0 pts | +0.0 pts | +3.8 pts |" in table
+    assert tables.change("val_ppl", 16.4, 0.0) == "n/a"  # (a perplexity of 0, written by hand: nothing is % of 0)
 
 
 def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
@@ -430,6 +431,8 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert error_of(analyze.main, ["table", str(mine)], capsys, code=1) == f"analyze.py: error: no {mine}/summary.json: " \
         "a model saved by analyze.py prune --save, not a run (its prune.json has the scores of the pruning; sample.py " \
         "--eval scores it)"  # not 'is the run finished?'
+    (mine / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # trained on from there (--resume): a run again
+    assert error_of(analyze.main, ["table", str(mine)], capsys, code=1).endswith("(is the run finished?)")
 
 
 def test_mean_and_sample_sd_of_the_seeds():

@@ -536,6 +536,9 @@ DAMAGED = [
     ("train", then(lambda d, r, t: write(r / "ckpt.pt", b"PK\x03\x04 half a zip"),
                    lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "ckpt.pt is not a checkpoint of train.py (torch.load: ")),
+    ("train", then(lambda d, r, t: (t / "link").symlink_to(r),  # another name of the run it starts from: not over it
+                   lambda d, r, t: tiny_args(d, t / "link", f"--init-from={r}", "--overwrite")), 2,
+     "is the run --init-from starts from: give a new folder"),
     ("train", then(on_the_copy, lambda d, r, t: write(r / "log.jsonl", '{"step": 1}\n{"st\n{"step": 2}\n'), resume), 1,
      "log.jsonl, line 2: not a row of the log ('{\"st'); move the log away to resume without it"),
     ("train", then(on_the_copy, lambda d, r, t: shutil.rmtree(d), resume), 1,  # the run's own regime, not the preset's
@@ -696,7 +699,8 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is empty"),
     ("analyze", then(lambda d, r, t: ((r / "summary.json").unlink(), (r / "summary.json").mkdir()),
-                     lambda d, r, t: ["table", str(r)]), 1, "summary.json cannot be read (Is a directory)"),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     f"summary.json cannot be read ({os.strerror(errno.EISDIR)})"),
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",

@@ -1,14 +1,18 @@
 """Token data (data.py) and the downloads and tokenisation of prepare_data.py, against a local server."""
 
 import contextlib
+import errno
 import math
+import os
 import random
 import re
 import socket
 
 import numpy as np
 import pytest
+import requests
 import torch
+from urllib3.exceptions import ProtocolError
 
 import prepare_data
 from cli import DataError
@@ -101,17 +105,23 @@ def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkey
     """A server that cannot be reached (a port nothing listens on; offline, a host that does not resolve): a line per
     retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made."""
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    refused = re.escape(f"Failed to establish a new connection: [Errno {errno.ECONNREFUSED}] "
+                        f"{os.strerror(errno.ECONNREFUSED)}")
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}/x.bin"  # closed again when the test connects
-    refused = r"Failed to establish a new connection: \[Errno \d+\] Connection refused"
-    with pytest.raises(DataError) as e:
-        prepare_data.download(url, tmp_path / "new" / "x.bin", retries=2)
+        s.bind(("127.0.0.1", 0))  # bound, not listening: refused, and no other process can take the port meanwhile
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/x.bin"
+        with pytest.raises(DataError) as e:
+            prepare_data.download(url, tmp_path / "new" / "x.bin", retries=2)
     assert re.fullmatch(f"{re.escape(url)}: {refused} \\(gave up after 2 retries; run again to resume\\)", str(e.value))
     lines = capsys.readouterr().err.splitlines()  # (no blank lines: stderr is not a terminal here)
     assert [re.sub(refused, "REFUSED", line) for line in lines] == [
         "x.bin: REFUSED; retrying in 1s", "x.bin: REFUSED; retrying in 2s"]
     assert not (tmp_path / "new").exists()
+    # a connection cut mid-download: the message and its cause; an error that says nothing: its kind
+    reset = ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+    assert prepare_data.failure(requests.ConnectionError(ProtocolError("Connection aborted.", reset))) == \
+        f"Connection aborted. [Errno {errno.ECONNRESET}] Connection reset by peer"
+    assert prepare_data.failure(requests.ConnectionError(OSError())) == "OSError"
 
 
 def test_language_windows_predict_the_next_token(tmp_path):
@@ -131,7 +141,7 @@ def test_language_windows_predict_the_next_token(tmp_path):
     assert {shard for shard, _ in starts} == {0, 1}
     assert torch.equal(data.val_x, torch.arange(32).view(4, 8)) and torch.equal(data.val_y, data.val_x + 1)
     shard_0 = (x[:, 0] < 1000).float().mean().item()  # every start equally likely: shard 0 holds 32 of the 324
-    assert abs(shard_0 - 32 / 324) < 0.02
+    assert abs(shard_0 - 32 / 324) < 0.01  # (by tokens, 40 of 340, is 0.02 off)
     # the windows split between processes, each once; what analysis reads of them, seq_len tokens of the first n
     assert [[x[0, 0].item() for x, _ in data.val_batches(1, rank, 2)] for rank in (0, 1)] == [[0, 16], [8, 24]]
     assert [s.tolist() for s in data.val_sequences(2, 3)] == [[0, 1, 2], [8, 9, 10]]
@@ -180,7 +190,7 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
                                         "the validation shard's tokens fit: train a new run with a --vocab-size above it"):
         data.batch(np.random.default_rng(0), 4)
     (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
-    with pytest.raises(DataError, match=re.escape("x_train_000001.bin: cannot be read (Is a directory)")):
+    with pytest.raises(DataError, match=re.escape(f"x_train_000001.bin: cannot be read ({os.strerror(errno.EISDIR)})")):
         TokenData(cfg)
 
 

@@ -402,7 +402,8 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
                          kernels.route_backward(grads, kv, w, False))
         torch.testing.assert_close(results[impl][1][1].double(), exact_w, rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(kernels, "USE_TRITON", "auto")
-    assert not kernels.use_triton(kv)  # a CPU tensor
+    assert not kernels.use_triton(kv)  # a CPU tensor; a CUDA one (its dtype and is_cuda are all that is read):
+    assert kernels.use_triton(type("CUDA", (), dict(dtype=kv.dtype, is_cuda=True))) == (kernels.triton is not None)
     (plain_out, plain_grads, plain_no_w), (out, grads_, no_w) = results["0"], results["1"]
     assert len(out) == n_out and all(o.is_contiguous() and o.dtype == dtype for o in out)
     for a, b in zip(out + list(grads_) + list(no_w), plain_out + list(plain_grads) + list(plain_no_w)):
