@@ -7,6 +7,7 @@ import os
 import random
 import re
 import socket
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -147,7 +148,7 @@ def test_language_windows_predict_the_next_token(tmp_path):
     assert [s.tolist() for s in data.val_sequences(2, 3)] == [[0, 1, 2], [8, 9, 10]]
     # eval_tokens past the shard: the windows it holds every target of (a 10th would need a 101st token), and
     # the vocabulary they need counts those targets (90, a target only)
-    whole = TokenData(type("Config", (), dict(data_dir=str(tmp_path), block_size=10, eval_tokens=10**6, vocab_size=2000)),
+    whole = TokenData(SimpleNamespace(data_dir=str(tmp_path), block_size=10, eval_tokens=10**6, vocab_size=2000),
                       with_train=False)
     assert torch.equal(whole.val_x, torch.arange(90).view(9, 10)) and whole.val_y[-1, -1] == 90 == whole.vocab_size - 1
     with pytest.raises(DataError, match=re.escape(f"validation shard in {tmp_path} is shorter than one block of 100")):

@@ -353,7 +353,8 @@ def test_route_ops_pass_opcheck():
     # grad w unneeded: zeros, contiguous as the fake says, whatever the strides of w (here transposed)
     torch.library.opcheck(kernels.route_backward, (grads, kv.detach(), w.detach().transpose(1, 2), False))
     # under bf16 autocast: bf16 K/V, fp32 weights; the outputs and grad kv are bf16, grad w fp32 (the fakes say so too)
-    kv, partials, grads = kv.detach().bfloat16(), [p.detach().bfloat16() for p in partials], [t.bfloat16() for t in grads]
+    kv, partials = kv.detach().bfloat16(), [p.detach().bfloat16() for p in partials]
+    grads = [t.bfloat16() for t in grads]
     torch.library.opcheck(kernels.route, (kv, w.detach(), partials), test_utils="test_faketensor")
     torch.library.opcheck(kernels.route_backward, (grads, kv, w.detach(), True), test_utils="test_faketensor")
 
@@ -376,7 +377,7 @@ def laid_out(t, layout):
     # power of 2
     (17, 16, 4, 12, torch.float32, 256, 16, "strided"),  # 16 outputs a launch, as bench.py --sweep tries: two launches
     (2, 0, 2, 16, torch.bfloat16, 256, 8, "guarded"),
-    (2, 1, 17, 12, torch.float32, 8, 8, "guarded"),  # heads padded to 32, not 16; E wider than a tile: one position a tile
+    (2, 1, 17, 12, torch.float32, 8, 8, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a tile
 ])
 def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, layout):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation, on inputs laid out in
@@ -517,14 +518,16 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     model = small_model("lime", n_layer=L)
     model(idx, idx)[1].backward()
     assert moved == dict(forward=L + 1 + sum(2 * (L - j) + 1 for j in range(1, L)),
-                         backward=sum(L - j + 2 for j in range(L)), grad_w=78) == dict(forward=156, backward=102, grad_w=78)
+                         backward=sum(L - j + 2 for j in range(L)), grad_w=78) == \
+        dict(forward=156, backward=102, grad_w=78)
     assert "= 156 at L = 12" in kernels.__doc__ and "= 102 at L = 12" in kernels.__doc__
     if kernels.triton is not None:  # a tile's (n_kv, n_kv) fp32 share of grad w per output, next to its bf16 slot
         tile = kernels._launch_shape(torch.empty(16, 2048, 12, 128, dtype=torch.bfloat16, device="meta"))
         share = 2 * tile["NKV"] ** 2 * 4 / (tile["BP"] * tile["NKV"] * tile["E"] * 2)
         total = 156 + 102 + share * sum(L - j for j in range(L))
-        assert round(share, 2) == 0.19 and round(total, -1) == 270 and round(total * 16 * 2048 * 12 * 128 * 2 / 1e9) == 27
-    # inference: at layer m, the partial sums alive are those of layers m..L-1 (each read layer 0); none outlives its layer
+        slot = 16 * 2048 * 12 * 128 * 2  # bytes: one layer's bf16 K/V at the 150M shape
+        assert round(share, 2) == 0.19 and round(total, -1) == 270 and round(total * slot / 1e9) == 27
+    # inference: at layer m, the partial sums alive are layers m..L-1's (each reads layer 0); none outlives its layer
     alive, call = [], lime.Routing.__call__
 
     def routed(self, layer, kv, x):

@@ -558,7 +558,8 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     train.main(["--out-dir", str(parts), "--resume", f"--data-dir={moved}"])
     assert_same_run(parts, whole_run)
     # a run of epochs (200 samples in batches of 8, half an epoch: 12.5 steps, 13) ended with --max-steps=6
-    train.main([a for a in tiny_args(answer_dir, short, "--stop-at=6", "--epochs=0.5") if not a.startswith("--max-steps=")])
+    argv = tiny_args(answer_dir, short, "--stop-at=6", "--epochs=0.5")
+    train.main([a for a in argv if not a.startswith("--max-steps=")])
     assert json.loads((short / "config.json").read_text())["max_steps"] == 13
     train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
     evals = [r for r in read_log(short) if "val_loss" in r]
