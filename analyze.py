@@ -390,7 +390,7 @@ def cmd_prune(args):
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     save = args.save and Path(args.save)
     if save:  # everything that can refuse the command, before any work
-        if save.resolve() == Path(args.out_dir).resolve():
+        if save.exists() and os.path.samefile(save, args.out_dir):  # (by any name: a symlink too)
             raise UsageError("--save names the run being pruned: give a new folder")
         problem = folder_problem(save)
         if problem:

@@ -420,6 +420,12 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     before = snapshot(new)
     err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
     assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before
+    (tmp_path / "link").symlink_to(arith_run)  # the run itself by another name: --overwrite would clear it
+    before = snapshot(arith_run)
+    assert error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(tmp_path / "link"),
+                                   "--overwrite"], capsys) == "analyze.py: error: --save names the run being pruned: " \
+        "give a new folder"
+    assert snapshot(arith_run) == before
     mine = tmp_path / "mine"  # no checkpoint, but files --overwrite would delete: refused too
     mine.mkdir()
     (mine / "prune.json").write_text('{"mine": 1}')
