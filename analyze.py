@@ -16,7 +16,7 @@ what each layer's attention reads: the routed values in LIMe, the layer's own va
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
-                 one_line_errors, pick_device, show_value)
+                 is_accuracy, one_line_errors, pick_device, same_folder, show_value)
 
 import json
 import os
@@ -342,7 +342,7 @@ def cmd_curves(args):
     for i, (label, c) in enumerate(curves.items()):
         print(f"[{i}] {label}: {c[metric][0][3]} seed(s)")
     for m in metrics:
-        scale, digits = (100, 1) if "acc" in m else (1, 4)  # accuracy in %
+        scale, digits = (100, 1) if is_accuracy(m) else (1, 4)  # accuracy in %
         print(f"{m}{' (%)' if scale > 1 else ''}, mean ± sd over the seeds:")
         steps = sorted({step for c in curves.values() for step, *_ in c[m]})
         every = -(-len(steps) // args.rows)  # at most about --rows rows; the last step always
@@ -356,7 +356,7 @@ def cmd_curves(args):
     if plt is not None:
         fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
         for ax, m in zip(axes[0], metrics):
-            scale = 100 if "acc" in m else 1
+            scale = 100 if is_accuracy(m) else 1
             for label, c in curves.items():
                 steps, mu, sd = (torch.tensor(col, dtype=torch.float64) for col in list(zip(*c[m]))[:3])
                 ax.plot(steps, scale * mu, label=f"{label} ({c[m][0][3]} seeds)")
@@ -390,7 +390,7 @@ def cmd_prune(args):
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     save = args.save and Path(args.save)
     if save:  # everything that can refuse the command, before any work
-        if save.exists() and os.path.samefile(save, args.out_dir):  # (by any name: a symlink too)
+        if same_folder(save, args.out_dir):
             raise UsageError("--save names the run being pruned: give a new folder")
         problem = folder_problem(save)
         if problem:

@@ -208,6 +208,11 @@ def check_fields(config, name=str):
 # Files
 
 
+def same_folder(a, b):
+    """Whether paths a and b are one folder by any name (a trailing slash, a symlink); False where either is missing."""
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
 def folder_problem(path):
     """Why `path` cannot be a folder to write in (its first existing part is a file, say), or None."""
     for p in [Path(path), *Path(path).parents]:

@@ -28,7 +28,7 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, default_shown, folder_problem,
-                 is_accuracy, one_line_errors, option, pick_device, read_json)
+                 is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -170,8 +170,7 @@ def resolve(argv, cls, presets, description=None):
                              "run's weights: give one of them")
         init = init_checkpoint(cfg, given)
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
-    if init is not None and os.path.exists(cfg["out_dir"]) and os.path.samefile(cfg["out_dir"], cfg["init_from"]):
-        # (--overwrite would clear the run it starts from)
+    if init is not None and same_folder(cfg["out_dir"], cfg["init_from"]):  # (--overwrite would clear it)
         raise UsageError(f"--out-dir={cfg['out_dir']} is the run --init-from starts from: give a new folder")
     problem = folder_problem(cfg["out_dir"])
     if problem:

@@ -111,8 +111,8 @@ def results_table(summaries, split="test"):
     accuracy = metrics[0] != "val_ppl"
     if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
-    scale = {m: 100 if "acc" in m else 1 for m in metrics}  # accuracies in %
-    digits = {m: 1 if "acc" in m else 3 for m in metrics}
+    scale = {m: 100 if is_accuracy(m) else 1 for m in metrics}  # accuracies in %
+    digits = {m: 1 if is_accuracy(m) else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
     ahead = accuracy and any(key[1] == "lime" for key in rows)  # (a column of dashes says nothing)
     head += ["lime ahead, last tier (pts)"] if ahead else []
