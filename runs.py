@@ -389,12 +389,16 @@ class Run:
     def check_weights(self):
         """--dry-run: the model, built (a method that cannot be built at this shape fails here, not in the run),
         and what restore() checks of the weights it would load (and of their pruning mask; not of the optimiser
-        state), on the meta device: no memory, no time."""
+        state), on the meta device: no memory, no time. And each weight's initial value, on a narrow copy."""
         start = self.start()
+        config = GPTConfig.of(self.cfg)
         with torch.device("meta"):
-            model = GPT(GPTConfig.of(self.cfg))
+            model = GPT(config)
             if start is not None:
                 load_weights(model, *start)
+        # NOTE on meta there are no values, so GPT.init_weights cannot find a method's weight that nothing sets:
+        # a narrow copy (the same layers, heads and method; heads of 2, one token) finds it, on the CPU
+        GPT(dataclasses.replace(config, n_embd=2 * config.n_head, mlp_hidden=1, vocab_size=1, block_size=1))
 
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an

@@ -769,10 +769,11 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
     assert not any(r.gate.weight.any() for r in model.routers[1:])
 
 
-def test_what_the_defaults_cannot_reach(scratch_registry):
+def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     """A per-token router's Linear maps start at zero whatever their name (so it starts static, as dynamic);
     a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset, or sets in part, is
-    an error."""
+    an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
+    value to check."""
     class Gated(lime.Router):
         name, per_token = "gated", True
 
@@ -808,6 +809,8 @@ def test_what_the_defaults_cannot_reach(scratch_registry):
         small_model("shared")
     with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
         small_model("partly")  # the weights of the other layers it reads are still unset
+    with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value")):
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=shared", "--dry-run"))
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
