@@ -606,8 +606,10 @@ def test_flops_routing_term():
     # the dense term is the usual 6N with the tied head counted once and no embedding lookup
     n = none.num_params()
     assert none.estimate_flops(32) == 6 * (n["total"] - n["norm"]) + 12 * 6 * 4 * head_dim * 32
-    # the attention term at the sequence length asked for, block_size (32) by default
+    # the attention term at the sequence length asked for, block_size by default
     assert none.estimate_flops() == none.estimate_flops(32) == none.estimate_flops(8) + 12 * 6 * 4 * head_dim * 24
+    short = small_model("none", block_size=16)
+    assert short.estimate_flops() == short.estimate_flops(16) == none.estimate_flops(16)
 
 
 @pytest.mark.parametrize("mode", EVERY)
