@@ -153,21 +153,6 @@ class Router(Method):
         """The routed K/V by route_reference, from the sources' K/V in `self.sources` order."""
         return route_reference(self.weights(x) if self.per_token else self.matrix(), sources)
 
-    @classmethod
-    def probe(cls):
-        """An instance to read the router's capabilities from (methods.satisfies): layer 2 of a tiny model
-        with 2 kv heads. J is what --router would give it: its default, else 2; None for a name without -J.
-        A router that cannot be built so is an error naming it; such a router defines its own probe()."""
-        tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=3, n_head=2, n_kv_head=2, n_embd=4, mlp_hidden=1,
-                         router="none")
-        J = (cls.J or 2) if (cls.name or "").endswith("-J") else None
-        try:
-            return cls(tiny, 2, J)
-        except Exception as e:  # (chained: the traceback still shows where it refused)
-            raise TypeError(f"{cls.__module__}.{cls.__qualname__} cannot be built at layer 2 with 2 kv heads and J={J} "
-                            f"({type(e).__name__}: {e}): give it a probe(), a classmethod that returns an instance to "
-                            f"read its capabilities from (lime.Router.probe)") from e
-
 
 class Own(Router):
     """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself:

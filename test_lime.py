@@ -816,7 +816,7 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
-    """methods.satisfies reads what a router can do (prunable, ...) from lime.Router.probe's instance, of every method
+    """methods.satisfies reads what a router can do (prunable, ...) from methods.Method.probe's instance, of every method
     wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J of 2
     takes the probe's shape; one that refuses it is named in the error, with what to do."""
 
