@@ -472,8 +472,8 @@ def main(argv=None):
     s.add_argument("--top-p", type=float, default=0.9,
                    help="per target head, keep the smallest set of weights holding this share of its |weight|, "
                         "in (0, 1] (the paper's first version: 0.9)")
-    s.add_argument("--save", metavar="NEWDIR", type=a_path, help="write the pruned checkpoint there (a new folder), for "
-                                                    "sample.py or for train.py --init-from / --resume")
+    s.add_argument("--save", metavar="NEWDIR", type=a_path, help="write the pruned checkpoint there (a new folder), "
+                                                                  "for sample.py or train.py --init-from / --resume")
     s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
     s.add_argument("--device", default="auto", help="where to evaluate: auto (cuda, then mps, then cpu), cpu, "
                                                     "cuda, cuda:N or mps")

@@ -119,7 +119,8 @@ def main(argv=None):
             except ValueError as e:
                 raise UsageError(f"--routers: {e}") from None
         whole = "the grid runs every run to its end (Ctrl-C stops them all; the same command goes on)"
-        ours = {"--max-steps": "the grid sets every run's length, with --epochs", "--stop-at": whole, "--dry-run": whole}
+        ours = {"--max-steps": "the grid sets every run's length, with --epochs",
+                "--stop-at": whole, "--dry-run": whole}
         for name in [token.split("=")[0] for token in extra if token.startswith("--")]:  # as train.py reads them,
             for flag in [f for f in ours if len(name) >= 4 and f.startswith(name)]:  # abbreviated too (--dry)
                 raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
@@ -169,8 +170,8 @@ def main(argv=None):
                         raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
                 if other:
                     raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
-                                     f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, so "
-                                     "give another --out-dir for other flags")
+                                     f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, "
+                                     "so give another --out-dir for other flags")
         fits = {}
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args)

@@ -37,7 +37,8 @@ def top_p_mask(weight, p):
 
 def prunable_forms():
     """What top-p pruning applies to, as the error messages say it."""
-    return f"routers whose weights are a learned Parameter, the same at every token ({router_forms(lambda r: r.prunable)})"
+    forms = router_forms(lambda r: r.prunable)
+    return f"routers whose weights are a learned Parameter, the same at every token ({forms})"
 
 
 def prunable_routers(model):
