@@ -182,7 +182,13 @@ def make_router(config, layer):
     cls, J = parse_router(config.router)
     if cls is Own or not issubclass(cls, Router):
         return None
-    return cls(config, layer, J) if layer > 0 else Own(config, layer)
+    router = cls(config, layer, J) if layer > 0 else Own(config, layer)
+    # NOTE a fork's weights with a source too many would train silently (the routing reads each source's own column)
+    n, n_kv, shape = len(router.sources), router.n_kv, tuple(router.weights().shape)
+    if shape not in [(n_kv, n, n_kv), (n_kv, n)]:
+        raise ValueError(f"{cls.__qualname__}.weights() is {shape} at layer {layer}: for {n} source layer(s) and "
+                         f"{n_kv} kv heads, it must be {(n_kv, n, n_kv)}, or {(n_kv, n)} within each head")
+    return router
 
 
 class Routing:

@@ -866,6 +866,24 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
         Twice(small_config("twice-2"), 1, 2)
 
 
+def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
+    """weights() with a column per source, or else an error as the model is built: a source too many would otherwise
+    train, unread (the routing takes each source's own column), and one too few fail deep in the routing."""
+    class Wide(lime.LIMe):
+        name, extra = "wide", 1
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources) + self.extra))
+
+    for Wide.extra, shape in [(1, (2, 3)), (-1, (2, 1))]:
+        with pytest.raises(ValueError, match=re.escape(f"Wide.weights() is {shape} at layer 1: for 2 source layer(s) "
+                                                       "and 2 kv heads, it must be (2, 2, 2), or (2, 2) within each")):
+            small_model("wide")
+    Wide.extra = 0
+    assert small_model("wide").routers[1].weights().shape == (2, 2)
+
+
 def test_initial_weights_have_the_stated_scales():
     """GPT-2's init (GPT.init_weights): the embedding and every Linear N(0, 0.02), the residual branches' outputs
     (c_proj) N(0, 0.02 / sqrt(2 n_layer)), RMSNorm gains one. Over thousands of draws each, the sample sd is
