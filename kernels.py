@@ -120,7 +120,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grads):
     kv, w = ctx.saved_tensors
-    need_w = ctx.needs_input_grad[1]  # not for the fixed weights of `average` and of layer 0
+    need_w = ctx.needs_input_grad[1]  # not where all of w is fixed: `average`'s, layer 0's pushed to itself alone
     grad_kv, grad_w = route_backward(list(grads), kv, w, need_w)
     return grad_kv, grad_w if need_w else None, list(grads[:ctx.n_partials])  # partials: passed through
 
