@@ -445,11 +445,14 @@ class GPT(nn.Module):
 
     def num_params(self):
         """Parameter counts by part; the tied embedding is counted once."""
-        # a parameter's part is the first key its name holds: "router" before "attn", whose names include it
-        parts = dict(router="router", residual="residual", wte="embedding", attn="attention", mlp="mlp")
-        counts = dict.fromkeys([*parts.values(), "norm"], 0)
+        # a method's parameters by the module that holds them, whatever their names (a router's names include "attn")
+        methods = {id(p): part for part, modules in [("router", self.routers), ("residual", [self.residual])]
+                   for m in modules for p in m.parameters()}
+        parts = dict(wte="embedding", attn="attention", mlp="mlp")  # the rest: the first key its name holds
+        counts = dict.fromkeys(["router", "residual", *parts.values(), "norm"], 0)
         for name, p in self.named_parameters():
-            counts[next((part for key, part in parts.items() if key in name), "norm")] += p.numel()
+            part = methods.get(id(p)) or next((part for key, part in parts.items() if key in name), "norm")
+            counts[part] += p.numel()
         counts["total"] = sum(counts.values())
         return counts
 

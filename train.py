@@ -127,9 +127,10 @@ def param_groups(model, cfg):
     """Router: its own lr, no decay. Norms, the (tied) embedding and a method of the residual stream
     (baselines.py): no decay. Matmul weights: decay."""
     router, no_decay, decay = [], [], []
+    routers = {id(p) for r in model.routers for p in r.parameters()}  # (by module: a method's names may say anything)
     for name, p in model.named_parameters():
         stay = p.dim() < 2 or "wte" in name or name.startswith("residual.")
-        (router if "router" in name else no_decay if stay else decay).append(p)
+        (router if id(p) in routers else no_decay if stay else decay).append(p)
     groups = [dict(params=decay, weight_decay=cfg.weight_decay, lr_scale=1.0),
               dict(params=no_decay, weight_decay=0.0, lr_scale=1.0),
               dict(params=router, weight_decay=0.0, lr_scale=cfg.router_lr / cfg.lr)]
