@@ -76,8 +76,11 @@ def parse_router(spec):
         name, J = f"{name}-J", known[f"{name}-J"].J
     if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
+        stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' or 'last'
+        why = (f"{stem} takes no -J" if stem in known and stem != spec else f"{stem} takes a -J, as {stem}-4"
+               if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
-                         + "; a method of your own joins them once its module is in methods.MODULES")
+                         + f"; {why}")
     return known[name], J
 
 

@@ -549,14 +549,21 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     assert moved["grad_w"] == 0 and moved["backward"] == sum(6 - j + 2 for j in range(6))
 
 
-@pytest.mark.parametrize("bad", ["first-0", "last-x", "lime2", "", "last-", "first--1", "LIME", "first-01", "last-J",
-                                 "hc-J"])  # (the forms as router_forms writes them are not values)
-def test_bad_router_strings(bad):
+OWN = "a method of your own joins them once its module is in methods.MODULES"
+
+
+@pytest.mark.parametrize("bad, why", [  # (the forms as router_forms writes them, last-J, are not values)
+    ("first-0", "first takes a -J, as first-4"), ("last-x", "last takes a -J, as last-4"), ("lime2", OWN), ("", OWN),
+    ("last-", "last takes a -J, as last-4"), ("first--1", OWN), ("LIME", OWN),
+    ("first-01", "first takes a -J, as first-4"), ("last-J", "last takes a -J, as last-4"),
+    ("hc-J", "hc takes a -J, as hc-4"), ("lime-4", "lime takes no -J"), ("last", "last takes a -J, as last-4"),
+    ("hc-static-0", "hc-static takes a -J, as hc-static-4")])
+def test_bad_router_strings(bad, why):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
     forms = methods.router_forms()
     assert [form for form in re.split(", | or ", forms) if form in ours] == ours
-    with pytest.raises(ValueError, match=re.escape(f"expected {forms} (J a positive integer)")):
+    with pytest.raises(ValueError, match=re.escape(f"expected {forms} (J a positive integer); {why}")):
         GPTConfig(router=bad)
 
 
