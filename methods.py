@@ -24,7 +24,13 @@ def registry():
     methods defined elsewhere (a test's); within a module, as it defines them. So the order does not depend
     on which module was imported first (baselines.py imports lime.py, but not ablations.py)."""
     for module in MODULES:
-        importlib.import_module(module)  # (no-op once imported; a module still importing is left to finish)
+        try:
+            importlib.import_module(module)  # (no-op once imported; a module still importing is left to finish)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise  # (one that the module itself imports: its own traceback says which)
+            raise ModuleNotFoundError(f"methods.MODULES names {module!r}, but Python finds no module of that name "
+                                      f"(a {module}.py beside methods.py)", name=module) from None
     rank = {module: i for i, module in enumerate(MODULES)}
     return dict(sorted(ROUTERS.items(), key=lambda item: rank.get(item[1].__module__, len(MODULES))))  # (stable)
 

@@ -567,6 +567,14 @@ def test_bad_router_strings(bad, why):
         GPTConfig(router=bad)
 
 
+def test_a_module_of_methods_that_is_not_there_is_named(monkeypatch):
+    """A misspelt module in methods.MODULES is named as such (not only Python's 'No module named ...')."""
+    monkeypatch.setattr(methods, "MODULES", (*methods.MODULES, "my_fork"))
+    with pytest.raises(ModuleNotFoundError, match=re.escape("methods.MODULES names 'my_fork', but Python finds no "
+                                                            "module of that name (a my_fork.py beside methods.py)")):
+        methods.registry()
+
+
 def test_the_registry_is_in_the_order_of_its_modules():
     """lime.py's methods, then ablations.py's, then baselines.py's, however the modules were imported: a process that
     imports baselines.py first (which imports lime.py, not ablations.py) registers the baselines before the ablations."""
