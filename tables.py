@@ -89,8 +89,8 @@ def results_table(summaries, split="test"):
     """Markdown. Runs of one regime and router that differ only in their seed form one row: the metric's
     mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
     test or the validation split; beside them the validation loss, where every run has one), acc on ProsQA,
-    perplexity on language. With one run per row, Table 7's layout instead: the metric and its change
-    relative to the `lime` run."""
+    perplexity on language. With one run per row, Table 7's layout instead: the metrics (the loss too, beside
+    accuracies) and their change from the `lime` run."""
     prefix = "val_" if split == "val" else ""
     acc = re.compile(rf"{prefix}acc_(\d+)")
     per_run = [{int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries]
@@ -105,12 +105,12 @@ def results_table(summaries, split="test"):
     if split == "val" and not metrics[0].startswith("val_acc"):
         raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
                          "the validation split existed, or not arithmetic)")
-    rows = by_setting(summaries)
-    if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(summaries, metrics) + unshown_differences(rows)
     accuracy = metrics[0] != "val_ppl"
     if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
+    rows = by_setting(summaries)
+    if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
+        return single_run_table(summaries, metrics) + unshown_differences(rows)
     scale = {m: 100 if is_accuracy(m) else 1 for m in metrics}  # accuracies in %
     digits = {m: 1 if is_accuracy(m) else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
@@ -166,7 +166,7 @@ def single_run_table(summaries, metrics):
     run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
     keys = [seed_group(s) for s in summaries]
-    names = [m.replace("val_ppl", "perplexity") for m in metrics]
+    names = [{"val_ppl": "perplexity", "val_loss": "val loss"}.get(m, m) for m in metrics]
     head = ["router", *names]
     if base:
         head += [f"change to lime ({m})" for m in names]  # (with two lime rows: the one whose change is "-")

@@ -398,6 +398,12 @@ def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     assert "| none | 50.0% | 29.8% | 25.0% | +0.0 pts | +0.0 pts | +25.0 pts |" in table  # not n/a: nothing is % of 0
     assert "| first-4 | 50.0% | 29.8% | 3.8% | +0.0 pts | +0.0 pts | +3.8 pts |" in table
     assert tables.change("val_ppl", 16.4, 0.0) == "n/a"  # (a perplexity of 0, written by hand: nothing is % of 0)
+    for path, loss in zip(dirs, (0.25, 0.5, 0.2)):  # with a validation loss in every summary, the loss beside them
+        summary = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(json.dumps(dict(summary, val_loss=loss)))
+    table = analyze.main(["table", *map(str, dirs)])
+    assert table.splitlines()[0].startswith("| router | val loss | acc_4 | acc_5 | acc_6 | change to lime (val loss) |")
+    assert "| none | 0.5000 | 50.0% | 29.8% | 25.0% | +100.00% | +0.0 pts |" in table
 
 
 def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):

@@ -198,7 +198,7 @@ def test_prosqa_fine_tuning_from_a_checkpoint(serve, arith_run, tmp_path, offlin
     summary = json.loads((out / "summary.json").read_text())
     assert summary["data"] == "prosqa" and 0 <= summary["acc"] <= 1 and summary["steps"] == 4
     assert sample.main(["--out-dir", str(out), "--eval"]) == {k: summary[k] for k in ("val_loss", "val_ppl", "acc")}
-    assert analyze.main(["table", str(out)]).startswith("| router | acc |")
+    assert analyze.main(["table", str(out)]).startswith("| router | val loss | acc |")
     capsys.readouterr()
     sample.main(["--out-dir", str(out), "--num-samples", "1"])  # a test question, answered, with a verdict
     shown = capsys.readouterr().out.splitlines()
