@@ -34,7 +34,7 @@ from pathlib import Path
 import arithmetic
 from methods import parse_router
 from runs import Signals, of_kind, read_summary, run_files
-from tables import differences, results_table
+from tables import by_setting, differences, results_table
 
 
 def regimes(args):
@@ -270,7 +270,9 @@ def run_grid(runs, args, extra):
     if summaries:
         for split in ("val", "test"):
             tables[split] = results_table(summaries, split)
-            print(f"\naccuracy per tier (%), {split} split, mean ± sd over seeds:\n{tables[split]}")
+            seeds = "one seed each" if all(len(runs) == 1 for runs in by_setting(summaries).values()) else \
+                "mean ± sd over seeds"
+            print(f"\naccuracy per tier (%), {split} split, {seeds}:\n{tables[split]}")
     if failed:
         print(f"grid.py: error: {len(failed)} run(s) failed: {'; '.join(failed)} (see train.out in each)",
               file=sys.stderr)
