@@ -27,10 +27,10 @@ def registry():
         try:
             importlib.import_module(module)  # (no-op once imported; a module still importing is left to finish)
         except ModuleNotFoundError as e:
-            if e.name != module:
+            if e.name is None or not f"{module}.".startswith(f"{e.name}."):  # (forks.mine: forks, or forks.mine)
                 raise  # (one that the module itself imports: its own traceback says which)
             raise ModuleNotFoundError(f"methods.MODULES names {module!r}, but Python finds no module of that name "
-                                      f"(a {module}.py beside methods.py)", name=module) from None
+                                      f"(a {module.replace('.', '/')}.py beside methods.py)", name=module) from None
     rank = {module: i for i, module in enumerate(MODULES)}
     return dict(sorted(ROUTERS.items(), key=lambda item: rank.get(item[1].__module__, len(MODULES))))  # (stable)
 
@@ -82,9 +82,17 @@ def parse_router(spec):
         name, J = f"{name}-J", known[f"{name}-J"].J
     if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
-        stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' or 'last'
-        why = (f"{stem} takes no -J" if stem in known and stem != spec else f"{stem} takes a -J, as {stem}-4"
-               if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
+        stem, dash, _ = str(spec).rpartition("-")  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
+        stem = stem if dash else str(spec)
+        takes = known.get(f"{stem}-J")  # the class of a name that takes a -J
+        if stem in known:
+            why = f"{stem} takes no -J"
+        elif takes is None:
+            why = "a method of your own joins them once its module is in methods.MODULES"
+        elif not dash:
+            why = f"{stem} takes a -J, as {stem}-4"
+        else:  # (last-0, first-01, hc-x: a -J that is no positive integer)
+            why = f"{stem}'s J is a positive integer, as {stem}-4" + f" ({stem} alone: J = {takes.J})" * bool(takes.J)
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
     return known[name], J

@@ -76,7 +76,7 @@ def main(script, argv, cls, presets, train, description=None):
         cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
         run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
         if dry_run:
-            run.check_weights()  # on the meta device: no memory, no time
+            run.check_weights()  # on the meta device (no memory, no time), and a narrow copy on the CPU
             if run.master:  # (under torchrun, once, not once per process)
                 print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags, the model and the "
                       "checkpoints they name check out; no data was read, nothing was written)")

@@ -553,11 +553,14 @@ OWN = "a method of your own joins them once its module is in methods.MODULES"
 
 
 @pytest.mark.parametrize("bad, why", [  # (the forms as router_forms writes them, last-J, are not values)
-    ("first-0", "first takes a -J, as first-4"), ("last-x", "last takes a -J, as last-4"), ("lime2", OWN), ("", OWN),
-    ("last-", "last takes a -J, as last-4"), ("first--1", OWN), ("LIME", OWN),
-    ("first-01", "first takes a -J, as first-4"), ("last-J", "last takes a -J, as last-4"),
-    ("hc-J", "hc takes a -J, as hc-4"), ("lime-4", "lime takes no -J"), ("last", "last takes a -J, as last-4"),
-    ("hc-static-0", "hc-static takes a -J, as hc-static-4")])
+    ("first-0", "first's J is a positive integer, as first-4"), ("last-x", "last's J is a positive integer, as last-4"),
+    ("lime2", OWN), ("", OWN), ("last-", "last's J is a positive integer, as last-4"), ("first--1", OWN),
+    ("LIME", OWN),
+    ("first-01", "first's J is a positive integer, as first-4"), ("last-J", "last's J is a positive integer, as last-4"),
+    ("hc-J", "hc's J is a positive integer, as hc-4 (hc alone: J = 4)"), ("lime-4", "lime takes no -J"),
+    ("last", "last takes a -J, as last-4"), ("dwa-2", "dwa takes no -J"),
+    ("hc-statik", "hc's J is a positive integer, as hc-4 (hc alone: J = 4)"),  # (not 'hc takes a -J': hc is one)
+    ("hc-static-0", "hc-static's J is a positive integer, as hc-static-4 (hc-static alone: J = 4)")])
 def test_bad_router_strings(bad, why):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
@@ -572,6 +575,10 @@ def test_a_module_of_methods_that_is_not_there_is_named(monkeypatch):
     monkeypatch.setattr(methods, "MODULES", (*methods.MODULES, "my_fork"))
     with pytest.raises(ModuleNotFoundError, match=re.escape("methods.MODULES names 'my_fork', but Python finds no "
                                                             "module of that name (a my_fork.py beside methods.py)")):
+        methods.registry()
+    monkeypatch.setattr(methods, "MODULES", (*methods.MODULES[:-1], "forks.mine"))  # a package's module: its folder
+    with pytest.raises(ModuleNotFoundError, match=re.escape("names 'forks.mine', but Python finds no module of that "
+                                                            "name (a forks/mine.py beside methods.py)")):
         methods.registry()
 
 
@@ -856,9 +863,9 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
-    """methods.satisfies reads what a router can do (prunable, ...) from methods.Method.probe's instance, of every method
-    wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J of 2
-    takes the probe's shape; one that refuses it is named in the error, with what to do."""
+    """methods.satisfies reads what a router can do (prunable, ...) from methods.Method.probe's instance, of every
+    method wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J
+    of 2 takes the probe's shape; one that refuses it is named in the error, with what to do."""
 
     class Pairs(lime.LIMe):
         name = "pairs-J"
