@@ -82,17 +82,9 @@ def parse_router(spec):
         name, J = f"{name}-J", known[f"{name}-J"].J
     if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
-        stem, dash, _ = str(spec).rpartition("-")  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
-        stem = stem if dash else str(spec)
-        takes = known.get(f"{stem}-J")  # the class of a name that takes a -J
-        if stem in known:
-            why = f"{stem} takes no -J"
-        elif takes is None:
-            why = "a method of your own joins them once its module is in methods.MODULES"
-        elif not dash:
-            why = f"{stem} takes a -J, as {stem}-4"
-        else:  # (last-0, first-01, hc-x: a -J that is no positive integer)
-            why = f"{stem}'s J is a positive integer, as {stem}-4" + f" ({stem} alone: J = {takes.J})" * bool(takes.J)
+        stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
+        why = (f"{stem} takes no -J" if stem in known and stem != spec else f"e.g. {stem}-4"
+               if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
     return known[name], J

@@ -51,8 +51,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert f"{regime / 'lime-seed1'} is a finished run of --epochs 0.5, not 1: a finished run is kept, so give " \
         "another --out-dir" in error_of(grid.main, other, capsys)
     assert snapshot(regime) == before
-    assert f"{regime / 'lime-seed1'} is a finished run of lr 0.001, not 0.01: a finished run is kept, so give another " \
-        "--out-dir for other flags" in error_of(grid.main, [*args, "--lr=0.01"], capsys)  # before training the others
+    assert f"{regime / 'lime-seed1'} is a finished run of lr 0.001, not 0.01: a finished run is kept, so give " \
+        "another --out-dir for other flags" in error_of(grid.main, [*args, "--lr=0.01"], capsys)  # before the others
     assert snapshot(regime) == before
     lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
     config = json.loads((lime / "config.json").read_text())

@@ -553,14 +553,10 @@ OWN = "a method of your own joins them once its module is in methods.MODULES"
 
 
 @pytest.mark.parametrize("bad, why", [  # (the forms as router_forms writes them, last-J, are not values)
-    ("first-0", "first's J is a positive integer, as first-4"), ("last-x", "last's J is a positive integer, as last-4"),
-    ("lime2", OWN), ("", OWN), ("last-", "last's J is a positive integer, as last-4"), ("first--1", OWN),
-    ("LIME", OWN),
-    ("first-01", "first's J is a positive integer, as first-4"), ("last-J", "last's J is a positive integer, as last-4"),
-    ("hc-J", "hc's J is a positive integer, as hc-4 (hc alone: J = 4)"), ("lime-4", "lime takes no -J"),
-    ("last", "last takes a -J, as last-4"), ("dwa-2", "dwa takes no -J"),
-    ("hc-statik", "hc's J is a positive integer, as hc-4 (hc alone: J = 4)"),  # (not 'hc takes a -J': hc is one)
-    ("hc-static-0", "hc-static's J is a positive integer, as hc-static-4 (hc-static alone: J = 4)")])
+    ("first-0", "e.g. first-4"), ("last-x", "e.g. last-4"), ("lime2", OWN), ("", OWN), ("last-", "e.g. last-4"),
+    ("first--1", OWN), ("LIME", OWN), ("first-01", "e.g. first-4"), ("last-J", "e.g. last-4"), ("hc-J", "e.g. hc-4"),
+    ("lime-4", "lime takes no -J"), ("dwa-2", "dwa takes no -J"), ("last", "e.g. last-4"),
+    ("hc-static-0", "e.g. hc-static-4")])
 def test_bad_router_strings(bad, why):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
