@@ -156,7 +156,7 @@ def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path
     from (seed, step, micro-batch), as it draws the batches: a resumed run draws what an uninterrupted one would."""
 
     class Noisy(lime.Residual):
-        name = "noisy"
+        name = "test-noisy"
 
         def __init__(self, config=None, J=None):
             super().__init__()
@@ -169,7 +169,7 @@ def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path
             out = h + f(h)
             return out + self.scale * torch.randn_like(out) if self.training else out
 
-    args = ("--router=noisy", "--max-steps=2", "--eval-interval=2")
+    args = ("--router=test-noisy", "--max-steps=2", "--eval-interval=2")
     train.main(tiny_args(answer_dir, tmp_path / "whole", *args))
     train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--stop-at=1"))
     train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--resume"))
@@ -650,7 +650,7 @@ def test_a_methods_part_is_its_module_not_its_names(scratch_registry):
     """A parameter of a method of the stream whose name says "router" is still the stream's: counted so, and trained
     at the base rate without decay (when names decided, it was a router's, at --router-lr)."""
     class Gain(lime.Residual):
-        name = "gain"
+        name = "test-gain"
 
         def __init__(self, config=None, J=None):
             super().__init__(config, J)
@@ -663,7 +663,7 @@ def test_a_methods_part_is_its_module_not_its_names(scratch_registry):
         def init_weights(self):
             self.router_gain.fill_(1.0)
 
-    model = small_model("gain")
+    model = small_model("test-gain")
     assert model.num_params()["residual"] == 12 * 32 and model.num_params()["router"] == 0
     groups = train.param_groups(model, train.TrainConfig(lr=1e-3, router_lr=1e-2))
     gain = model.residual.router_gain
@@ -738,12 +738,12 @@ def test_a_default_j_is_the_methods_own(scratch_registry):
     builds it with J 3, its form is 'name[-J]', and the registry lists it after this repo's modules' methods."""
 
     class Recent(ablations.Last):
-        name, J = "recent-J", 3
+        name, J = "test-recent-J", 3
 
-    assert methods.parse_router("recent") == (Recent, 3) and methods.parse_router("recent-5") == (Recent, 5)
+    assert methods.parse_router("test-recent") == (Recent, 3) and methods.parse_router("test-recent-5") == (Recent, 5)
     assert Recent.probe().sources == [0, 1, 2]  # layer 2's last 3 layers (J 2 would give [1, 2])
-    assert re.split(", | or ", methods.router_forms())[-1] == "recent[-J]"
-    assert list(methods.registry())[-1] == "recent-J"  # (defined after baselines.py's, and outside MODULES)
+    assert re.split(", | or ", methods.router_forms())[-1] == "test-recent[-J]"
+    assert list(methods.registry())[-1] == "test-recent-J"  # (defined after baselines.py's, and outside MODULES)
 
 
 def test_a_name_is_one_method():
@@ -797,7 +797,7 @@ def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
 def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
     """GPT.init_weights gives a learned router the identity and Kaiming-uniform only when it says nothing itself."""
     class Halves(lime.LIMe):
-        name = "halves"
+        name = "test-halves"
 
         def __init__(self, config, layer, J=None):
             super().__init__(config, layer, J)
@@ -808,7 +808,7 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
             self.weight.fill_(0.5)
             self.gate.weight.zero_()
 
-    model = small_model("halves")
+    model = small_model("test-halves")
     assert [type(r) for r in model.routers] == [lime.Own] + [Halves] * 5  # layer 0 reads only itself
     assert all(torch.equal(r.weight, torch.full_like(r.weight, 0.5)) for r in model.routers[1:])
     assert not any(r.gate.weight.any() for r in model.routers[1:])
@@ -820,7 +820,7 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
     value to check."""
     class Gated(lime.Router):
-        name, per_token = "gated", True
+        name, per_token = "test-gated", True
 
         def __init__(self, config, layer, J=None):
             super().__init__(config, layer, J)
@@ -831,7 +831,7 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
             return self.weight if x is None else self.mix(x).view(*x.shape[:2], *self.weight.shape) + self.weight
 
     class Shared(lime.Router):
-        name = "shared"
+        name = "test-shared"
 
         def __init__(self, config, layer, J=None):
             super().__init__(config, layer, J)
@@ -841,21 +841,21 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
             return self.weight.expand(self.n_kv, -1)
 
     class Partly(Shared):
-        name = "partly"
+        name = "test-partly"
 
         @torch.no_grad()
         def init_weights(self):
             self.weight[-1] = 1.0  # its own layer's weight only
 
-    model = small_model("gated")
+    model = small_model("test-gated")
     assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
     with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
                                                    "Shared.init_weights()")):
-        small_model("shared")
+        small_model("test-shared")
     with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
-        small_model("partly")  # the weights of the other layers it reads are still unset
+        small_model("test-partly")  # the weights of the other layers it reads are still unset
     with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value")):
-        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=shared", "--dry-run"))
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-shared", "--dry-run"))
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
@@ -864,16 +864,16 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
     of 2 takes the probe's shape; one that refuses it is named in the error, with what to do."""
 
     class Pairs(lime.LIMe):
-        name = "pairs-J"
+        name = "test-pairs-J"
 
         def __init__(self, config, layer, J=None):
             assert config.n_kv_head >= 2 and J >= 2, "pairs of heads, J of at least 2"
             super().__init__(config, layer, J)
 
-    assert "pairs-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-pairs-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
 
     class Quads(lime.LIMe):
-        name = "quads"
+        name = "test-quads"
 
         def __init__(self, config, layer, J=None):
             if config.n_kv_head % 4:
@@ -884,7 +884,7 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
                                         r"J=None \(ValueError: groups of 4 heads\): give it a probe\(\)"):
         methods.router_forms(lambda r: r.prunable)
     Quads.probe = classmethod(lambda cls: cls(small_config("none", n_kv_head=4), 2))  # what the error asks for
-    assert "quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
 
 
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
@@ -893,27 +893,27 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
     (so grid.py refuses it before it writes anything), not in every run."""
 
     class Twice(lime.LIMe):
-        name = "twice-J"
+        name = "test-twice-J"
 
         def source_layers(self, layer, J):
             return [0] + list(range(max(0, layer - J + 1), layer + 1))
 
-    assert "twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
     message = re.escape("Twice.source_layers(1, 2) gave [0, 0, 1]: it must list distinct layers of 0..1, ascending, "
                         "the layer itself last")
     with pytest.raises(ValueError, match=message):
-        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=twice-2", "--dry-run"))
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-twice-2", "--dry-run"))
     assert not (tmp_path / "run").exists()
     Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
     with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
-        Twice(small_config("twice-2"), 1, 2)
+        Twice(small_config("test-twice-2"), 1, 2)
 
 
 def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
     """weights() with a column per source, or else an error as the model is built: a source too many would otherwise
     train, unread (the routing takes each source's own column), and one too few fail deep in the routing."""
     class Wide(lime.LIMe):
-        name, extra = "wide", 1
+        name, extra = "test-wide", 1
 
         def __init__(self, config, layer, J=None):
             super().__init__(config, layer, J)
@@ -922,9 +922,9 @@ def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
     for Wide.extra, shape in [(1, (2, 3)), (-1, (2, 1))]:
         with pytest.raises(ValueError, match=re.escape(f"Wide.weights() is {shape} at layer 1: for 2 source layer(s) "
                                                        "and 2 kv heads, it must be (2, 2, 2), or (2, 2) within each")):
-            small_model("wide")
+            small_model("test-wide")
     Wide.extra = 0
-    assert small_model("wide").routers[1].weights().shape == (2, 2)
+    assert small_model("test-wide").routers[1].weights().shape == (2, 2)
 
 
 def test_initial_weights_have_the_stated_scales():
