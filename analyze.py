@@ -341,16 +341,18 @@ def cmd_curves(args):
                          for m in metrics}
     for i, (label, c) in enumerate(curves.items()):
         print(f"[{i}] {label}: {c[metric][0][3]} seed(s)")
+    over = "one seed each" if all(c[metric][0][3] == 1 for c in curves.values()) else "mean ± sd over the seeds"
     for m in metrics:
         scale, digits = (100, 1) if is_accuracy(m) else (1, 4)  # accuracy in %
-        print(f"{m}{' (%)' if scale > 1 else ''}, mean ± sd over the seeds:")
+        print(f"{m}{' (%)' if scale > 1 else ''}, {over}:")
         steps = sorted({step for c in curves.values() for step, *_ in c[m]})
         every = -(-len(steps) // args.rows)  # at most about --rows rows; the last step always
         print(f"{'step':>8}" + "".join(f"{f'[{i}]':>18}" for i in range(len(curves))))
         for j, step in enumerate(steps):
             if j % every == 0 or j == len(steps) - 1:
-                at = [{s: (mu, sd) for s, mu, sd, _ in c[m]}.get(step) for c in curves.values()]
-                cells = [f"{scale * v[0]:.{digits}f} ± {scale * v[1]:.{digits}f}" if v else "-" for v in at]
+                at = [{s: (mu, sd, n) for s, mu, sd, n in c[m]}.get(step) for c in curves.values()]
+                cells = [f"{scale * v[0]:.{digits}f}" + f" ± {scale * v[1]:.{digits}f}" * (v[2] > 1) if v else "-"
+                         for v in at]  # (no ± over a single seed)
                 print(f"{step:>8}" + "".join(f"{cell:>18}" for cell in cells))
     plt = pyplot()
     if plt is not None:
