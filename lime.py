@@ -376,7 +376,8 @@ class GPT(nn.Module):
         """Every initial value of the model, in one place:
           - the embedding (tied with the output head) and every Linear: normal, std 0.02, except
             the residual branches' outputs (`c_proj`): std 0.02 / sqrt(2 n_layer), as in GPT-2, and
-            a per-token router's Linear maps (ablations.py's `dynamic`): zero, so that it starts static;
+            every Linear map of a per-token router (ablations.py's `dynamic`): zero, so that it starts static
+            (NOTE so two in a row, Linear-Tanh-Linear, would never learn: such a router sets its own);
           - RMSNorm gains: one;
           - learned routers: the identity on the layer's own heads, so that training starts from LLaMA's
             information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every other source;
@@ -394,7 +395,8 @@ class GPT(nn.Module):
             if isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
             elif module in starts_static:
-                nn.init.zeros_(module.weight)
+                for p in module.parameters():  # its bias too, if any: weights(x) starts as weights()
+                    nn.init.zeros_(p)
             elif name.endswith("c_proj"):
                 nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
             elif isinstance(module, (nn.Linear, nn.Embedding)):

@@ -815,7 +815,7 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
 
 
 def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
-    """A per-token router's Linear maps start at zero whatever their name (so it starts static, as dynamic);
+    """A per-token router's Linear maps start at zero, biases too, whatever their name (so it starts static);
     a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset, or sets in part, is
     an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
     value to check."""
@@ -825,7 +825,7 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
         def __init__(self, config, layer, J=None):
             super().__init__(config, layer, J)
             self.weight = torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
-            self.mix = torch.nn.Linear(config.n_embd, self.weight.numel(), bias=False)
+            self.mix = torch.nn.Linear(config.n_embd, self.weight.numel())  # (with a bias)
 
         def weights(self, x=None):
             return self.weight if x is None else self.mix(x).view(*x.shape[:2], *self.weight.shape) + self.weight
@@ -848,7 +848,8 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
             self.weight[-1] = 1.0  # its own layer's weight only
 
     model = small_model("test-gated")
-    assert all(not r.mix.weight.any() and torch.equal(r.weight[:, -1], torch.ones(2)) for r in model.routers[1:])
+    assert all(not r.mix.weight.any() and not r.mix.bias.any() and torch.equal(r.weight[:, -1], torch.ones(2))
+               for r in model.routers[1:])
     with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
                                                    "Shared.init_weights()")):
         small_model("test-shared")
