@@ -184,10 +184,14 @@ def make_router(config, layer):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
     # NOTE a fork's weights with a source too many would train silently (the routing reads each source's own column)
-    n, n_kv, shape = len(router.sources), router.n_kv, tuple(router.weights().shape)
-    if shape not in [(n_kv, n, n_kv), (n_kv, n)]:
-        raise ValueError(f"{cls.__qualname__}.weights() is {shape} at layer {layer}: for {n} source layer(s) and "
-                         f"{n_kv} kv heads, it must be {(n_kv, n, n_kv)}, or {(n_kv, n)} within each head")
+    n, n_kv = len(router.sources), router.n_kv
+    shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
+    if router.per_token:  # and for the input x (1, 1, C) of one token
+        shapes["weights(x)"] = (router.weights(torch.zeros(1, 1, config.n_embd)), [(1, 1, n_kv, n)])
+    for call, (w, fits) in shapes.items():
+        if tuple(w.shape) not in fits:
+            raise ValueError(f"{cls.__qualname__}.{call} is {tuple(w.shape)} at layer {layer}: for {n} source layer(s) "
+                             f"and {n_kv} kv heads, it must be {' or '.join(map(str, fits))}")
     return router
 
 

@@ -912,7 +912,8 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
 
 def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
     """weights() with a column per source, or else an error as the model is built: a source too many would otherwise
-    train, unread (the routing takes each source's own column), and one too few fail deep in the routing."""
+    train, unread (the routing takes each source's own column), and one too few fail deep in the routing. The same
+    for a per-token router's weights(x), on the meta device too (where train.py --dry-run builds it)."""
     class Wide(lime.LIMe):
         name, extra = "test-wide", 1
 
@@ -922,10 +923,26 @@ def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
 
     for Wide.extra, shape in [(1, (2, 3)), (-1, (2, 1))]:
         with pytest.raises(ValueError, match=re.escape(f"Wide.weights() is {shape} at layer 1: for 2 source layer(s) "
-                                                       "and 2 kv heads, it must be (2, 2, 2), or (2, 2) within each")):
+                                                       "and 2 kv heads, it must be (2, 2, 2) or (2, 2)")):
             small_model("test-wide")
     Wide.extra = 0
     assert small_model("test-wide").routers[1].weights().shape == (2, 2)
+
+    class Gate(lime.Router):  # the weight of each source, per token: its last column one too many
+        name, per_token = "test-gate", True
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
+            self.mix = torch.nn.Linear(config.n_embd, self.n_kv * (len(self.sources) + 1), bias=False)
+
+        def weights(self, x=None):
+            return self.weight if x is None else self.mix(x).view(*x.shape[:2], self.n_kv, -1)
+
+    with pytest.raises(ValueError, match=re.escape("Gate.weights(x) is (1, 1, 2, 3) at layer 1: for 2 source layer(s) "
+                                                   "and 2 kv heads, it must be (1, 1, 2, 2)")):
+        with torch.device("meta"):  # (as --dry-run builds it)
+            small_model("test-gate")
 
 
 def test_initial_weights_have_the_stated_scales():
