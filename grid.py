@@ -268,10 +268,10 @@ def run_grid(runs, args, extra):
     print(f"grid: {len(summaries)} of {len(runs)} runs finished in {(time.time() - started) / 60:.1f} min")
     tables = {}
     if summaries:
+        seeds = "one seed each" if all(len(runs) == 1 for runs in by_setting(summaries).values()) else \
+            "mean ± sd over seeds"
         for split in ("val", "test"):
             tables[split] = results_table(summaries, split)
-            seeds = "one seed each" if all(len(runs) == 1 for runs in by_setting(summaries).values()) else \
-                "mean ± sd over seeds"
             print(f"\naccuracy per tier (%), {split} split, {seeds}:\n{tables[split]}")
     if failed:
         print(f"grid.py: error: {len(failed)} run(s) failed: {'; '.join(failed)} (see train.out in each)",

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
-from methods import Method, parse_router, router_forms
+from methods import Method, check_shapes, parse_router, router_forms
 
 
 @dataclass
@@ -183,15 +183,7 @@ def make_router(config, layer):
     if cls is Own or not issubclass(cls, Router):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
-    # NOTE a fork's weights with a source too many would train silently (the routing reads each source's own column)
-    n, n_kv = len(router.sources), router.n_kv
-    shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
-    if router.per_token:  # and for the input x (1, 1, C) of one token
-        shapes["weights(x)"] = (router.weights(torch.zeros(1, 1, config.n_embd)), [(1, 1, n_kv, n)])
-    for call, (w, fits) in shapes.items():
-        if tuple(w.shape) not in fits:
-            raise ValueError(f"{cls.__qualname__}.{call} is {tuple(w.shape)} at layer {layer}: for {n} source layer(s) "
-                             f"and {n_kv} kv heads, it must be {' or '.join(map(str, fits))}")
+    check_shapes(router, config.n_embd)  # NOTE else a fork's weights with a source too many would train silently
     return router
 
 

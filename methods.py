@@ -13,6 +13,7 @@ that writes its method in a new file adds the file's module name there.
 import importlib
 import re
 
+import torch
 import torch.nn as nn
 
 ROUTERS = {}  # --router name -> class, in the order they are defined (read it through registry())
@@ -88,6 +89,20 @@ def parse_router(spec):
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
     return known[name], J
+
+
+def check_shapes(router, n_embd):
+    """A router's weights() against its sources, as lime.Router says them (a per-token router's weights(x) too, for
+    one token): else a ValueError naming the class. A source column too many would train, unread (the routing takes
+    each source's own column); one too few would fail deep in the routing."""
+    n, n_kv = len(router.sources), router.n_kv
+    shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
+    if router.per_token:  # and for the input x (1, 1, C) of one token
+        shapes["weights(x)"] = (router.weights(torch.zeros(1, 1, n_embd)), [(1, 1, n_kv, n)])
+    for call, (w, fits) in shapes.items():
+        if tuple(w.shape) not in fits:
+            raise ValueError(f"{type(router).__qualname__}.{call} is {tuple(w.shape)} at layer {router.layer}: for {n} "
+                             f"source layer(s) and {n_kv} kv heads, it must be {' or '.join(map(str, fits))}")
 
 
 def router_forms(where=None):
