@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
-from methods import Method, check_shapes, parse_router, router_forms
+from methods import Method, check_router, every_parameter_set, parse_router, router_forms
 
 
 @dataclass
@@ -115,9 +115,6 @@ class Router(Method):
         super().__init__()
         self.layer, self.n_kv = layer, config.n_kv_head
         self.sources = self.source_layers(layer, J)  # layer ids; route_reference's `sources` are their K/V
-        if self.sources != sorted(set(self.sources)) or self.sources[-1:] != [layer] or self.sources[0] < 0:
-            raise ValueError(f"{type(self).__qualname__}.source_layers({layer}, {J}) gave {self.sources}: it must "
-                             f"list distinct layers of 0..{layer}, ascending, the layer itself last")
 
     def source_layers(self, layer, J):
         return list(range(layer + 1))
@@ -183,7 +180,7 @@ def make_router(config, layer):
     if cls is Own or not issubclass(cls, Router):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
-    check_shapes(router, config.n_embd)  # NOTE else a fork's weights with a source too many would train silently
+    check_router(router, config.n_embd)  # NOTE else a fork's weights with a source too many would train silently
     return router
 
 
@@ -378,37 +375,31 @@ class GPT(nn.Module):
           - learned routers: the identity on the layer's own heads, so that training starts from LLaMA's
             information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every other source;
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that.
-        A method's own parameters that none of this sets are an error, not torch.empty's leftovers.
         """
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
-        own = [(type(m).__name__, name, p) for m in methods for name, p in m.named_parameters(recurse=False)]
-        for _, _, p in own:
-            p.fill_(float("nan"))  # until something sets it: one that nothing sets is found at the end
-        starts_static = {lin for m in methods if getattr(m, "per_token", False)
-                         for lin in m.modules() if isinstance(lin, nn.Linear)}
-        for name, module in self.named_modules():
-            if isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
-            elif module in starts_static:
-                for p in module.parameters():  # its bias too, if any: weights(x) starts as weights()
-                    nn.init.zeros_(p)
-            elif name.endswith("c_proj"):
-                nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
-                w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
-                bound = math.sqrt(3 / w[0].numel())  # fan_in: the (layer, head) sources one head reads
-                w.uniform_(-bound, bound)
-                # source_layers() lists the layer itself last, so its own heads are w[:, -1]
-                w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
-        for module in methods:  # last, so that nothing above overwrites what it sets
-            if hasattr(module, "init_weights"):
-                module.init_weights()
-        for method, name, p in own:
-            if not p.is_meta and p.isnan().any():  # e.g. a router whose weights() is not the Parameter itself
-                raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights()")
+        with every_parameter_set(methods):  # NaN until set: a method's parameter that nothing sets is an error
+            starts_static = {lin for m in methods if getattr(m, "per_token", False)
+                             for lin in m.modules() if isinstance(lin, nn.Linear)}
+            for name, module in self.named_modules():
+                if isinstance(module, nn.RMSNorm):
+                    nn.init.ones_(module.weight)
+                elif module in starts_static:
+                    for p in module.parameters():  # its bias too, if any: weights(x) starts as weights()
+                        nn.init.zeros_(p)
+                elif name.endswith("c_proj"):
+                    nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+                elif isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
+                    w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
+                    bound = math.sqrt(3 / w[0].numel())  # fan_in: the (layer, head) sources one head reads
+                    w.uniform_(-bound, bound)
+                    # source_layers() lists the layer itself last, so its own heads are w[:, -1]
+                    w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
+            for module in methods:  # last, so that nothing above overwrites what it sets
+                if hasattr(module, "init_weights"):
+                    module.init_weights()
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None); targets of -1 are ignored.

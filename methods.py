@@ -12,6 +12,7 @@ that writes its method in a new file adds the file's module name there.
 
 import importlib
 import re
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -91,18 +92,37 @@ def parse_router(spec):
     return known[name], J
 
 
-def check_shapes(router, n_embd):
-    """A router's weights() against its sources, as lime.Router says them (a per-token router's weights(x) too, for
-    one token): else a ValueError naming the class. A source column too many would train, unread (the routing takes
+def check_router(router, n_embd):
+    """What lime.Router asks of a router, checked as the model is built (lime.make_router), else a ValueError naming
+    the class: its sources, distinct layers up to its own, ascending, itself last; weights() of their shape, and a
+    per-token router's weights(x) too, for one token. A source column too many would train, unread (the routing takes
     each source's own column); one too few would fail deep in the routing."""
-    n, n_kv = len(router.sources), router.n_kv
+    layer, sources, n_kv, cls = router.layer, router.sources, router.n_kv, type(router).__qualname__
+    if sources != sorted(set(sources)) or sources[-1:] != [layer] or sources[0] < 0:
+        raise ValueError(f"{cls}.source_layers() gave {sources} at layer {layer}: it must list distinct layers of "
+                         f"0..{layer}, ascending, the layer itself last")
+    n = len(sources)
     shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
     if router.per_token:  # and for the input x (1, 1, C) of one token
         shapes["weights(x)"] = (router.weights(torch.zeros(1, 1, n_embd)), [(1, 1, n_kv, n)])
     for call, (w, fits) in shapes.items():
         if tuple(w.shape) not in fits:
-            raise ValueError(f"{type(router).__qualname__}.{call} is {tuple(w.shape)} at layer {router.layer}: for {n} "
-                             f"source layer(s) and {n_kv} kv heads, it must be {' or '.join(map(str, fits))}")
+            raise ValueError(f"{cls}.{call} is {tuple(w.shape)} at layer {layer}: for {n} source layer(s) and {n_kv} "
+                             f"kv heads, it must be {' or '.join(map(str, fits))}")
+
+
+@contextmanager
+def every_parameter_set(methods):
+    """Around GPT.init_weights: the parameters the methods hold themselves (not those of their Linears, which it sets
+    by kind) are NaN until something sets them, and one that nothing set is then a ValueError asking its class for
+    an init_weights(). Else a fork's parameter would train from whatever torch.empty left in memory."""
+    own = [(type(m).__name__, name, p) for m in methods for name, p in m.named_parameters(recurse=False)]
+    for _, _, p in own:
+        p.fill_(float("nan"))
+    yield
+    for method, name, p in own:
+        if not p.is_meta and p.isnan().any():  # e.g. a router whose weights() is not the Parameter itself
+            raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights()")
 
 
 def router_forms(where=None):

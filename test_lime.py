@@ -900,14 +900,14 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
             return [0] + list(range(max(0, layer - J + 1), layer + 1))
 
     assert "test-twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
-    message = re.escape("Twice.source_layers(1, 2) gave [0, 0, 1]: it must list distinct layers of 0..1, ascending, "
-                        "the layer itself last")
+    message = re.escape("Twice.source_layers() gave [0, 0, 1] at layer 1: it must list distinct layers of 0..1, "
+                        "ascending, the layer itself last")
     with pytest.raises(ValueError, match=message):
         train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-twice-2", "--dry-run"))
     assert not (tmp_path / "run").exists()
     Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
-    with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
-        Twice(small_config("test-twice-2"), 1, 2)
+    with pytest.raises(ValueError, match=re.escape("Twice.source_layers() gave [-1, 1] at layer 1: it must list")):
+        small_model("test-twice-2")
 
 
 def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
