@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
-from methods import Method, check_router, every_parameter_set, parse_router, router_forms
+from methods import Method, check_router, require_initialised, parse_router, router_forms
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Router(Method):
     subclass that says three things (and sets the flags `per_token`, `keys` below where they apply):
 
       name              its --router value, as methods.Method says (last-J: last-4)
-      source_layers()   the layers it reads, ascending, itself last (by default every layer up to itself)
+      source_layers()   the layers it reads: distinct, ascending, itself last (by default all up to itself)
       weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
                           (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
                           (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
@@ -180,7 +180,7 @@ def make_router(config, layer):
     if cls is Own or not issubclass(cls, Router):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
-    check_router(router, config.n_embd)  # NOTE else a fork's weights with a source too many would train silently
+    check_router(router, config.n_embd, J)  # NOTE else a fork's weights with a source too many would train silently
     return router
 
 
@@ -378,7 +378,7 @@ class GPT(nn.Module):
         """
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
-        with every_parameter_set(methods):  # NaN until set: a method's parameter that nothing sets is an error
+        with require_initialised(methods):  # NaN until set: a method's parameter that nothing sets is an error
             starts_static = {lin for m in methods if getattr(m, "per_token", False)
                              for lin in m.modules() if isinstance(lin, nn.Linear)}
             for name, module in self.named_modules():

@@ -1,5 +1,6 @@
 """
-What --router can name: the registry of cross-layer methods, and the forms its flag takes.
+What --router can name: the registry of cross-layer methods, and the forms its flag takes; and what
+a method promises (lime.Router's contract), checked as the model is built.
 
 A method is a lime.Router (how attention reads the K/V of earlier layers) or a lime.Residual (the
 stream between the sub-layers). A subclass of Method that states a `name` joins ROUTERS as it is defined,
@@ -92,14 +93,14 @@ def parse_router(spec):
     return known[name], J
 
 
-def check_router(router, n_embd):
-    """What lime.Router asks of a router, checked as the model is built (lime.make_router), else a ValueError naming
-    the class: its sources, distinct layers up to its own, ascending, itself last; weights() of their shape, and a
-    per-token router's weights(x) too, for one token. A source column too many would train, unread (the routing takes
-    each source's own column); one too few would fail deep in the routing."""
+def check_router(router, n_embd, J=None):
+    """What lime.Router asks of a router built with J, checked as the model is built (lime.make_router), else a
+    ValueError naming the class: its sources, distinct layers up to its own, ascending, itself last; weights() shaped
+    for that many sources, and a per-token router's weights(x) too, for one token. A source column too many would
+    train, unread (the routing takes each source's own column); one too few would fail deep in the routing."""
     layer, sources, n_kv, cls = router.layer, router.sources, router.n_kv, type(router).__qualname__
     if sources != sorted(set(sources)) or sources[-1:] != [layer] or sources[0] < 0:
-        raise ValueError(f"{cls}.source_layers() gave {sources} at layer {layer}: it must list distinct layers of "
+        raise ValueError(f"{cls}.source_layers({layer}, {J}) gave {sources}: it must list distinct layers of "
                          f"0..{layer}, ascending, the layer itself last")
     n = len(sources)
     shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
@@ -112,10 +113,11 @@ def check_router(router, n_embd):
 
 
 @contextmanager
-def every_parameter_set(methods):
-    """Around GPT.init_weights: the parameters the methods hold themselves (not those of their Linears, which it sets
-    by kind) are NaN until something sets them, and one that nothing set is then a ValueError asking its class for
-    an init_weights(). Else a fork's parameter would train from whatever torch.empty left in memory."""
+def require_initialised(methods):
+    """Around the body of GPT.init_weights (under torch.no_grad): the parameters the methods hold themselves (not
+    those of their submodules: GPT.init_weights sets Linears by kind) are NaN until something sets them, and one
+    that nothing set is then a ValueError asking its class for an init_weights(). Else a fork's parameter would
+    train from whatever torch.empty left in memory."""
     own = [(type(m).__name__, name, p) for m in methods for name, p in m.named_parameters(recurse=False)]
     for _, _, p in own:
         p.fill_(float("nan"))

@@ -889,9 +889,9 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
 
 
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
-    """source_layers() that lists a layer twice (layer 0, then the last J, at layer 1) passes the probe at layer 2;
-    the model it cannot build is an error that names the router and what it gave, in train.py --dry-run already
-    (so grid.py refuses it before it writes anything), not in every run."""
+    """source_layers() that lists a layer twice (layer 0, then the last J, at layer 1) is listed as a router (the
+    probe, at layer 2, reads its flags alone); the model it cannot build is an error that names the router and what
+    it gave, in train.py --dry-run already (so grid.py refuses it before it writes anything), not in every run."""
 
     class Twice(lime.LIMe):
         name = "test-twice-J"
@@ -900,13 +900,13 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
             return [0] + list(range(max(0, layer - J + 1), layer + 1))
 
     assert "test-twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
-    message = re.escape("Twice.source_layers() gave [0, 0, 1] at layer 1: it must list distinct layers of 0..1, "
-                        "ascending, the layer itself last")
+    message = re.escape("Twice.source_layers(1, 2) gave [0, 0, 1]: it must list distinct layers of 0..1, ascending, "
+                        "the layer itself last")
     with pytest.raises(ValueError, match=message):
         train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-twice-2", "--dry-run"))
     assert not (tmp_path / "run").exists()
     Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
-    with pytest.raises(ValueError, match=re.escape("Twice.source_layers() gave [-1, 1] at layer 1: it must list")):
+    with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
         small_model("test-twice-2")
 
 
