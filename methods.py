@@ -114,11 +114,12 @@ def check_router(router, n_embd, J=None):
 
 @contextmanager
 def require_initialised(methods):
-    """Around the body of GPT.init_weights (under torch.no_grad): the parameters the methods hold themselves (not
-    those of their submodules: GPT.init_weights sets Linears by kind) are NaN until something sets them, and one
-    that nothing set is then a ValueError asking its class for an init_weights(). Else a fork's parameter would
-    train from whatever torch.empty left in memory."""
-    own = [(type(m).__name__, name, p) for m in methods for name, p in m.named_parameters(recurse=False)]
+    """Around the body of GPT.init_weights (under torch.no_grad): the methods' bare parameters, their own or in a
+    container such as nn.ParameterList (not those of torch's layers, nn.Linear and the like, which have an initial
+    value of their own), are NaN until something sets them, and one that nothing set is then a ValueError asking
+    its class for an init_weights(). Else a fork's parameter would train from whatever torch.empty left in memory."""
+    own = [(type(m).__name__, f"{path}.{name}".lstrip("."), p) for m in methods for path, module in m.named_modules()
+           if not hasattr(module, "reset_parameters") for name, p in module.named_parameters(recurse=False)]
     for _, _, p in own:
         p.fill_(float("nan"))
     yield

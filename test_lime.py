@@ -816,8 +816,8 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
 
 def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     """A per-token router's Linear maps start at zero, biases too, whatever their name (so it starts static);
-    a weight the defaults cannot reach (weights() is an expand of it) that the class leaves unset, or sets in part, is
-    an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
+    a weight the defaults cannot reach (weights() is an expand of it, or it is in an nn.ParameterList) that the class
+    leaves unset, or sets in part, is an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
     value to check."""
     class Gated(lime.Router):
         name, per_token = "test-gated", True
@@ -857,6 +857,20 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
         small_model("test-partly")  # the weights of the other layers it reads are still unset
     with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value")):
         train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-shared", "--dry-run"))
+
+    class Listed(lime.Residual):  # bare parameters in a container (as baselines.py's dwa holds its own): checked too
+        name = "test-listed"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.gains = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(1)) for _ in range(2))
+
+        @torch.no_grad()
+        def init_weights(self):
+            self.gains[0].fill_(1.0)  # and gains[1] forgotten
+
+    with pytest.raises(ValueError, match=re.escape("nothing gives Listed.gains.1 an initial value")):
+        small_model("test-listed")
 
 
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
