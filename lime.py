@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
-from methods import Method, check_router, require_initialised, parse_router, router_forms
+from methods import Method, check_router, parse_router, require_initialised, router_forms
 
 
 @dataclass
