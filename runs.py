@@ -530,21 +530,36 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
     if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
-    odd = next((name for name, t in ckpt["model"].items()  # (all weights: floating point, dense, with their data)
-                if not t.is_floating_point() or t.layout != torch.strided or t.is_meta), None)
+    odd = next((name for name, t in ckpt["model"].items()  # (dense, with their data; dtypes: check_tensors)
+                if t.layout != torch.strided or t.is_meta), None)
     if odd:
-        t = ckpt["model"][odd]
-        raise DataError(f"{path} is not a checkpoint of train.py: its {odd} is not a tensor of weights "
-                        f"({str(t.dtype).removeprefix('torch.')}, {str(t.layout).removeprefix('torch.')}, {t.device})")
-    bad = next((name for name, t in ckpt["model"].items() if not t.isfinite().all()), None)  # (all floating point now)
-    if bad:  # (train.py saves none: it stops at a loss that is not finite, keeping the checkpoint before it)
-        raise DataError(f"{path} is damaged: its {bad} is not finite")
+        raise not_weights(path, odd, ckpt["model"][odd])
     return ckpt
+
+
+def not_weights(path, name, t):
+    return DataError(f"{path} is not a checkpoint of train.py: its {name} is not a tensor of weights "
+                     f"({str(t.dtype).removeprefix('torch.')}, {str(t.layout).removeprefix('torch.')}, {t.device})")
+
+
+def check_tensors(ckpt, model, path):
+    """What load_state_dict would take without a word, checked against the model it loads into: a tensor of another
+    dtype than the model's (an int64 weight, cast silently), a weight that is not finite (train.py saves none: it
+    stops at a loss that is not finite, keeping the checkpoint before it). By the model, not by the file alone: a
+    method's buffers may be of any dtype (a step count) and hold an inf (a mask)."""
+    held = model.state_dict()
+    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # (the tied head's name too)
+    for name, t in ckpt["model"].items():
+        if name in held and t.dtype != held[name].dtype:  # (a name the model lacks: load_state_dict says so)
+            raise not_weights(path, name, t)
+        if name in weights and not t.isfinite().all():
+            raise DataError(f"{path} is damaged: its {name} is not finite")
 
 
 def load_weights(model, ckpt, where):
     """A checkpoint's weights into `model` (on the meta device: keys, shapes and dtypes checked, nothing copied),
     and its pruning mask (pruning_mask); a DataError naming `where` (the flag and file) if they do not fit."""
+    check_tensors(ckpt, model, where)
     try:
         with warnings.catch_warnings():  # (on meta, "copying ... is a no-op": the check is what is wanted)
             warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
@@ -623,7 +638,10 @@ def model_from(ckpt, out_dir):
     """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU."""
     try:
         model = GPT(GPTConfig.of(ckpt["config"]))
+        check_tensors(ckpt, model, Path(out_dir) / "ckpt.pt")
         model.load_state_dict(ckpt["model"])
+    except DataError:
+        raise  # (check_tensors': it says what is wrong)
     except Exception as e:  # a file of the right format with the wrong contents
         raise DataError(f"{Path(out_dir) / 'ckpt.pt'} holds a model its config does not describe "
                         f"({load_problem(e)})") from None

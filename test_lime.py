@@ -17,6 +17,7 @@ import bench
 import kernels
 import lime
 import methods
+import runs
 import sample
 import train
 from bench import saved_bytes
@@ -174,6 +175,37 @@ def test_a_method_that_draws_random_numbers_resumes_exactly(answer_dir, tmp_path
     train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--stop-at=1"))
     train.main(tiny_args(answer_dir, tmp_path / "parts", *args, "--resume"))
     assert_same_run(tmp_path / "parts", tmp_path / "whole")
+
+
+def test_a_method_that_keeps_buffers_resumes_and_reads_back(answer_dir, tmp_path, scratch_registry):
+    """A method's persistent buffers go into the checkpoint with its weights, whatever they hold: a step count (int64)
+    and a mask of -inf are no damage. Checked against the model, not the file alone (where every tensor had to be a
+    finite float, as a weight: no --resume, sample.py or analyze.py for such a run), --resume goes on from them."""
+
+    class Counted(lime.Residual):
+        name = "test-counted"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            n = 2 * config.n_layer
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+            self.register_buffer("mask", torch.full((n, n), -math.inf).triu(1))  # sub-layer i reads 0..i
+            self.gain = torch.nn.Parameter(torch.empty(n))
+
+        @torch.no_grad()
+        def init_weights(self):
+            self.gain.zero_()
+
+        def add(self, i, h, f):
+            if self.training and i == 0:
+                self.calls += 1
+            return h + (1 + (self.gain + self.mask[i]).softmax(0)[i] * (self.calls % 3)) * f(h)
+
+    args = ("--router=test-counted", "--max-steps=2", "--eval-interval=2")
+    train.main(tiny_args(answer_dir, tmp_path / "run", *args, "--stop-at=1"))
+    train.main(tiny_args(answer_dir, tmp_path / "run", *args, "--resume"))
+    model = runs.load_checkpoint(tmp_path / "run", "cpu")[1]
+    assert model.residual.calls == 2 * 2 and model.residual.mask[0, 1] == -math.inf  # 2 steps of 2 micro-steps
 
 
 def routed_model(mode, **kw):
