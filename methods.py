@@ -112,6 +112,9 @@ def check_router(router, n_embd, J=None):
                              f"kv heads, it must be {' or '.join(map(str, fits))}")
 
 
+TORCH_INIT = ("reset_parameters", "_reset_parameters")  # how torch's layers set their own (nn.MultiheadAttention's)
+
+
 @contextmanager
 def require_initialised(methods):
     """Around the body of GPT.init_weights (under torch.no_grad): the methods' bare parameters, their own or in a
@@ -119,7 +122,7 @@ def require_initialised(methods):
     value of their own), are NaN until something sets them, and one that nothing set is then a ValueError asking
     its class for an init_weights(). Else a fork's parameter would train from whatever torch.empty left in memory."""
     own = [(type(m).__name__, f"{path}.{name}".lstrip("."), p) for m in methods for path, module in m.named_modules()
-           if not hasattr(module, "reset_parameters") for name, p in module.named_parameters(recurse=False)]
+           if not any(hasattr(module, f) for f in TORCH_INIT) for name, p in module.named_parameters(recurse=False)]
     for _, _, p in own:
         p.fill_(float("nan"))
     yield

@@ -905,6 +905,21 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
         small_model("test-listed")
 
 
+def test_a_torch_layer_in_a_method_keeps_its_own_initial_values(scratch_registry):
+    """nn.MultiheadAttention sets its weights as it is built, as nn.Linear does, but in _reset_parameters (no
+    reset_parameters): its in_proj_weight is not a bare parameter that nothing sets (it was an error)."""
+    class DepthAttention(lime.Residual):
+        name = "test-depth-attention"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(config.n_embd, 1, batch_first=True)
+
+    w = small_model("test-depth-attention").residual.attn.in_proj_weight  # (3 * 32, 32): torch's Xavier-uniform
+    bound = math.sqrt(6 / (32 + 3 * 32))
+    assert w.isfinite().all() and bound / 2 < w.abs().max() <= bound
+
+
 def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
     """methods.satisfies reads what a router can do (prunable, ...) from methods.Method.probe's instance, of every
     method wherever the forms that can are listed (errors, conftest's PRUNABLE): a router that needs 2 kv heads and a J
