@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, check_fields, option
-from methods import Method, check_router, parse_router, require_initialised, router_forms
+from methods import Method, check_registered, check_router, parse_router, require_initialised, router_forms
 
 
 @dataclass
@@ -378,6 +378,7 @@ class GPT(nn.Module):
         """
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
+        check_registered(methods, self)  # a parameter in a plain list would silently never train
         with require_initialised(methods):  # NaN until set: a method's parameter that nothing sets is an error
             starts_static = {lin for m in methods if getattr(m, "per_token", False)
                              for lin in m.modules() if isinstance(lin, nn.Linear)}

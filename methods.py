@@ -112,6 +112,25 @@ def check_router(router, n_embd, J=None):
                              f"kv heads, it must be {' or '.join(map(str, fits))}")
 
 
+def check_registered(methods, model):
+    """A ValueError naming a method's parameter that torch does not see, being in a plain list, tuple or dict (not an
+    nn.ParameterList, nn.ModuleList, ...) or a tensor that requires grad but is no nn.Parameter: nothing would train,
+    save or count it, silently. What is held there and is the model's elsewhere (a list of its blocks) is no error."""
+    seen, torch_own = {id(p) for p in model.parameters()}, set(vars(nn.Module()))  # (_parameters, _modules, ...)
+    for m in methods:
+        for path, module in m.named_modules():
+            for attr, value in vars(module).items():
+                items = [] if attr in torch_own else value.values() if isinstance(value, dict) else \
+                    value if isinstance(value, (list, tuple)) else [value]
+                tensors = [t for item in items for t in (item.parameters() if isinstance(item, nn.Module) else [item])
+                           if torch.is_tensor(t)]
+                if any(t.requires_grad and id(t) not in seen for t in tensors):
+                    raise ValueError(f"{type(m).__name__}.{f'{path}.{attr}'.lstrip('.')} holds a parameter that torch "
+                                     f"does not see, in a {type(value).__name__}: it would not train, nor be saved or "
+                                     "counted; hold it in an nn.ParameterList or nn.ParameterDict (a module in an "
+                                     "nn.ModuleList or nn.ModuleDict)")
+
+
 TORCH_INIT = ("reset_parameters", "_reset_parameters")  # how torch's layers set their own (nn.MultiheadAttention's)
 
 

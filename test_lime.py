@@ -905,6 +905,52 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
         small_model("test-listed")
 
 
+def test_a_parameter_torch_cannot_see_is_an_error(scratch_registry):
+    """A method's parameter in a plain list or dict (where an nn.ParameterList was meant), or a module in one, would
+    get gradients but no optimiser step, no place in a checkpoint or in num_params(): silently never trained (a
+    router's weights() froze at their initial values). An error that names it as the model is built (on the meta
+    device too, where train.py --dry-run builds it); a plain list of what torch sees elsewhere is none."""
+    class Listed(lime.Router):
+        name = "test-plain-list"
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.ws = [torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources), self.n_kv))]
+
+        def weights(self, x=None):
+            return self.ws[0]
+
+    class Gains(lime.Residual):
+        name = "test-plain-gains"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.gains = torch.nn.Parameter(torch.ones(2 * config.n_layer))
+            self.both = (self.gains, torch.nn.RMSNorm(config.n_embd))  # the RMSNorm only here
+
+        @torch.no_grad()
+        def init_weights(self):
+            self.gains.fill_(1.0)
+
+    with pytest.raises(ValueError, match=re.escape("Listed.ws holds a parameter that torch does not see, in a list: "
+                                                   "it would not train, nor be saved or counted; hold it in an "
+                                                   "nn.ParameterList")):
+        small_model("test-plain-list")
+    with pytest.raises(ValueError, match=re.escape("Gains.both holds a parameter that torch does not see, in a tuple")):
+        with torch.device("meta"):
+            GPT(small_config("test-plain-gains"))
+
+    class Seen(Gains):
+        name = "test-seen-gains"
+
+        def __init__(self, config=None, J=None):
+            lime.Residual.__init__(self)
+            self.gains = torch.nn.Parameter(torch.ones(2 * config.n_layer))
+            self.both = [self.gains]  # (registered as gains)
+
+    assert small_model("test-seen-gains").num_params()["residual"] == 12
+
+
 def test_a_torch_layer_in_a_method_keeps_its_own_initial_values(scratch_registry):
     """nn.MultiheadAttention sets its weights as it is built, as nn.Linear does, but in _reset_parameters (no
     reset_parameters): its in_proj_weight is not a bare parameter that nothing sets (it was an error)."""
