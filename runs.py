@@ -543,14 +543,13 @@ def not_weights(path, name, t):
 
 
 def check_tensors(ckpt, model, path):
-    """What load_state_dict would take without a word, checked against the model it loads into: a tensor of another
-    dtype than the model's (an int64 weight, cast silently), a weight that is not finite (train.py saves none: it
-    stops at a loss that is not finite, keeping the checkpoint before it). By the model, not by the file alone: a
-    method's buffers may be of any dtype (a step count) and hold an inf (a mask)."""
-    held = model.state_dict()
+    """What load_state_dict would take without a word, checked against the model it loads into: a weight (one of
+    the model's parameters) that is not floating point (an int64 one, cast silently) or not finite (train.py saves
+    none: it stops at a loss that is not finite, keeping the checkpoint before it). By the model, not by the file
+    alone: a method's buffers may be of any dtype (a step count) and hold an inf (a mask)."""
     weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # (the tied head's name too)
     for name, t in ckpt["model"].items():
-        if name in held and t.dtype != held[name].dtype:  # (a name the model lacks: load_state_dict says so)
+        if name in weights and not t.is_floating_point():
             raise not_weights(path, name, t)
         if name in weights and not t.isfinite().all():
             raise DataError(f"{path} is damaged: its {name} is not finite")

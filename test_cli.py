@@ -777,6 +777,12 @@ DAMAGED = [
      "c_fc.weight is not a tensor of weights (float32, strided, meta)"),
     ("sample", then(edit_weight(lambda w: w.long()), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "c_fc.weight is not a tensor of weights (int64, strided, cpu)"),  # (load_state_dict would cast it, silently)
+    # checked against the model it loads into (runs.check_tensors: a method's buffers may hold any dtype, or an inf)
+    ("train", then(on_the_copy, edit_weight(lambda w: w.long()), lambda d, r, t: tiny_args(d, t / "new",
+                                                                                          f"--init-from={r}")), 1,
+     ("--init-from: ", "c_fc.weight is not a tensor of weights (int64, strided, cpu)")),
+    ("train", then(on_the_copy, edit_weight(lambda w: w.fill_(math.inf)), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its transformer.h.0.mlp.c_fc.weight is not finite")),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=True)),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is not a checkpoint of train.py: its 'step' is of type bool, not int"),
