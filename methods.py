@@ -120,8 +120,10 @@ def check_registered(methods, model):
     for m in methods:
         for path, module in m.named_modules():
             for attr, value in vars(module).items():
-                items = [] if attr in torch_own else value.values() if isinstance(value, dict) else \
-                    value if isinstance(value, (list, tuple)) else [value]
+                if attr in torch_own:
+                    continue
+                items = value.values() if isinstance(value, dict) else \
+                    value if isinstance(value, (list, tuple)) else [value]  # (a bare tensor: itself)
                 tensors = [t for item in items for t in (item.parameters() if isinstance(item, nn.Module) else [item])
                            if torch.is_tensor(t)]
                 if any(t.requires_grad and id(t) not in seen for t in tensors):
