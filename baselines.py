@@ -141,4 +141,6 @@ class ValueResidual(Router):
 
     @torch.no_grad()
     def init_weights(self):
+        # NOTE a footgun: at 0 a fresh model is exactly `none`, and on the quick start it stays on `none`'s track far
+        # longer than with a drawn start, which costs it most of its gain there (README "Baselines")
         self.lam.zero_()
