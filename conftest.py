@@ -32,9 +32,10 @@ import train  # noqa: E402
 from data import write_shard  # noqa: E402
 from lime import GPT, GPTConfig  # noqa: E402
 from methods import router_forms  # noqa: E402
+from pruning import prunable  # noqa: E402
 
 # the routers that top-p pruning takes, as its errors list them: derived, so that a fork's router joins them
-PRUNABLE = router_forms(lambda r: r.prunable)
+PRUNABLE = router_forms(prunable)
 
 
 def small_config(router, **kw):

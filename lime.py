@@ -104,7 +104,7 @@ class Router(Method):
                         layer's input x (B, T, C), and its token-independent part for x=None.
 
     The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
-    (`dense`), whether top-p pruning applies (`prunable`), the FLOPs (GPT.estimate_flops) and the
+    (`dense`), whether top-p pruning applies (pruning.prunable), the FLOPs (GPT.estimate_flops) and the
     initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew).
     Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
     """
@@ -140,11 +140,6 @@ class Router(Method):
     @property
     def pulled(self):
         return self.per_token or not self.keys  # read by its layer (Routing.pull), not pushed by its sources
-
-    @property
-    def prunable(self):
-        """Top-p pruning zeroes entries of weights(): it must be a learned Parameter, the same at every token."""
-        return not self.per_token and isinstance(self.weights(), nn.Parameter)
 
     def reference(self, sources, x):
         """The routed K/V by route_reference, from the sources' K/V in `self.sources` order."""

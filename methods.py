@@ -154,13 +154,13 @@ def require_initialised(methods):
 
 def router_forms(where=None):
     """The --router forms, 'none, lime, ..., dwa or value-residual'; with `where`, only the routers that
-    satisfy it: router_forms(lambda r: r.prunable). A default J is optional: 'hc[-J]'."""
+    satisfy it: router_forms(pruning.prunable). A default J is optional: 'hc[-J]'."""
     names = [name.replace("-J", "[-J]") if cls.J else name for name, cls in registry().items()
              if where is None or satisfies(cls, where)]
     return " or ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))  # ("" where none satisfies it)
 
 
 def satisfies(cls, test):
-    """Whether the method `cls` is a router whose instance satisfies test: satisfies(cls, lambda r: r.prunable)."""
+    """Whether the method `cls` is a router whose instance satisfies test: satisfies(cls, pruning.prunable)."""
     router = cls.probe()
     return router is not None and test(router)

@@ -4,11 +4,11 @@ Top-p pruning of router weights (the paper's first version, its Table 5): after 
 
 A pruning is a mask, {parameter name: bool tensor of the weights' shape, True = kept}, stored in
 checkpoints as `router_mask`, so that a resumed or fine-tuned run keeps the same weights at zero.
-It applies to the routers whose `prunable` says so (lime.Router): weights() a learned Parameter,
-the same at every token.
+It applies to the routers that `prunable` accepts: weights() a learned Parameter, the same at every token.
 """
 
 import torch
+import torch.nn as nn
 
 from cli import UsageError
 from methods import router_forms
@@ -35,16 +35,22 @@ def top_p_mask(weight, p):
     return torch.zeros_like(keep_ranked).scatter(1, order, keep_ranked).view(weight.shape)
 
 
+def prunable(router):
+    """Top-p pruning zeroes entries of a lime.Router's weights(): they must be a learned Parameter, the same
+    at every token."""
+    return not router.per_token and isinstance(router.weights(), nn.Parameter)
+
+
 def prunable_forms():
     """What top-p pruning applies to, as the error messages say it."""
-    forms = router_forms(lambda r: r.prunable)
+    forms = router_forms(prunable)
     return f"routers whose weights are a learned Parameter, the same at every token ({forms})"
 
 
 def prunable_routers(model):
     """{parameter name: router} of the routers that top-p pruning applies to; a UsageError if none."""
     names = {id(p): name for name, p in model.named_parameters()}
-    found = {names[id(r.weights())]: r for r in model.routers if r.prunable}
+    found = {names[id(r.weights())]: r for r in model.routers if prunable(r)}
     if not found:
         raise UsageError(f"top-p pruning applies to {prunable_forms()}, not router={model.config.router!r}")
     return found

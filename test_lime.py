@@ -17,6 +17,7 @@ import bench
 import kernels
 import lime
 import methods
+import pruning
 import runs
 import sample
 import train
@@ -795,7 +796,7 @@ def test_a_name_is_one_method():
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     """Everything the class does not say is derived from what it says, and the scripts' own code
     trains, evaluates, prunes and benchmarks it."""
-    assert "previous" in methods.router_forms(lambda r: r.prunable)
+    assert "previous" in methods.router_forms(pruning.prunable)
     assert "previous" in re.split(", | or ", methods.router_forms())
     model = small_model("previous")  # 6 layers, 2 kv heads, head_dim 8
     assert isinstance(model.routers[3], previous_router) and model.routers[3].sources == [2, 3]
@@ -978,7 +979,7 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
             assert config.n_kv_head >= 2 and J >= 2, "pairs of heads, J of at least 2"
             super().__init__(config, layer, J)
 
-    assert "test-pairs-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-pairs-J" in re.split(", | or ", methods.router_forms(pruning.prunable))
 
     class Quads(lime.LIMe):
         name = "test-quads"
@@ -990,9 +991,9 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
 
     with pytest.raises(TypeError, match=r"test_lime\.test_.*\.Quads cannot be built at layer 2 with 2 kv heads and "
                                         r"J=None \(ValueError: groups of 4 heads\): give it a probe\(\)"):
-        methods.router_forms(lambda r: r.prunable)
+        methods.router_forms(pruning.prunable)
     Quads.probe = classmethod(lambda cls: cls(small_config("none", n_kv_head=4), 2))  # what the error asks for
-    assert "test-quads" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-quads" in re.split(", | or ", methods.router_forms(pruning.prunable))
 
 
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
@@ -1006,7 +1007,7 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
         def source_layers(self, layer, J):
             return [0] + list(range(max(0, layer - J + 1), layer + 1))
 
-    assert "test-twice-J" in re.split(", | or ", methods.router_forms(lambda r: r.prunable))
+    assert "test-twice-J" in re.split(", | or ", methods.router_forms(pruning.prunable))
     message = re.escape("Twice.source_layers(1, 2) gave [0, 0, 1]: it must list distinct layers of 0..1, ascending, "
                         "the layer itself last")
     with pytest.raises(ValueError, match=message):

@@ -38,7 +38,7 @@ import runs
 from data import TaskRows, batch_rng, evaluate
 from lime import GPT, GPTConfig
 from methods import parse_router, satisfies
-from pruning import mask_routers, prunable_forms, prune_routers, pruned_counts
+from pruning import mask_routers, prunable, prunable_forms, prune_routers, pruned_counts
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
 FREE = dict(resume="may change")  # where and how long a session runs: --resume may give it anew
@@ -86,7 +86,7 @@ class TrainConfig(runs.EvalConfig):
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
         super().__post_init__()
-        if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], lambda r: r.prunable):
+        if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], prunable):
             raise ValueError(f"--router-top-p applies to {prunable_forms()}, not --router={self.router}")
 
 
