@@ -18,9 +18,8 @@ normal cache's size (generation.py).
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router`: how a layer reads the K/V of earlier layers; one subclass per --router value. Here `lime`
-    (the paper's) and `none` (LLaMA). The ablations (ablations.py), the baselines (baselines.py) and a
-    fork's idea are each one more subclass, of Router or of `Residual`, the stream between sub-layers
-    (README "Fork it"). methods.py registers them by name.
+    (the paper's) and `none` (LLaMA); ablations.py, baselines.py and a fork (README "Fork it") add more,
+    of Router or of `Residual`, the stream between sub-layers. methods.py registers them by name.
   * `Routing`: carries K/V from layer to layer, for most routers through kernels.py's op: one per layer,
     kept by torch.compile in its single graph. The op saves each layer's K/V once: O(L) memory, where
     autograd through a stack per layer (the paper's code) takes O(L^2).
@@ -77,14 +76,13 @@ class GPTConfig:
 
 
 def route_reference(weight, sources):
-    """The routing as the paper writes it, in plain autograd: the specification the fast path
-    (kernels.py) is tested against. sources: the K/V (B, T, n_kv, E) of the n_src layers read, in
-    order; n_kv = n_kv_head, E = 2*head_dim ([keys | values]), or head_dim for the values alone.
+    """The routing as the paper writes it, in plain autograd: the specification the fast path (kernels.py)
+    is tested against. Autograd saves the stack, a fresh (l + 1)-layer copy per layer: O(L^2) training memory.
+    sources: the K/V (B, T, n_kv, E) of the n_src layers read, in order; n_kv = n_kv_head, E = 2*head_dim
+    ([keys | values]), or head_dim for the values alone.
 
         static:     kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
-        per token:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)
-
-    Autograd saves the stack, a fresh (l + 1)-layer copy per layer: O(L^2) training memory."""
+        per token:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)"""
     src = torch.stack(sources, dim=2)  # (B, T, n_src, n_kv, E)
     if weight.dim() == 3:
         return torch.einsum("hjk,btjke->bthe", weight, src)
@@ -105,9 +103,7 @@ class Router(Method):
 
     The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
     (`dense`), whether top-p pruning applies (pruning.prunable), the FLOPs (GPT.estimate_flops) and the
-    initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew).
-    Layer 0 has only itself to read, so its router is `Own` in every mode that routes.
-    """
+    initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew)."""
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
     keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; as value-residual)
 
@@ -147,8 +143,8 @@ class Router(Method):
 
 
 class Own(Router):
-    """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself:
-    `none`, the LLaMA baseline (GPT skips routing altogether for it), and layer 0 in every mode that routes."""
+    """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself: `none`,
+    the LLaMA baseline (GPT skips routing for it), and layer 0 (nothing earlier to read) in every mode that routes."""
     name = "none"
 
     def __init__(self, config, layer, J=None):
@@ -180,15 +176,11 @@ def make_router(config, layer):
 
 
 class Routing:
-    """Carries K/V from layer to layer during one forward pass.
-
-    Routers whose weights are the same at every token are pushed (see kernels.py): in one op, layer j
-    finishes its own routed K/V and adds its share to the running sums of the later layers that read it.
-    Two kinds are pulled by their layer instead: a `per_token` router (its weights depend on the layer's
-    input) and a router of the values alone (the op routes K and V together). A pull within each head is
-    one product per source (autograd saves the sources themselves, not a stacked copy); a pull across
-    heads goes through route_reference. With reference=True every router pulls through route_reference.
-    """
+    """Carries K/V from layer to layer during one forward pass. Routers whose weights are the same at every
+    token are pushed (see kernels.py): in one op, layer j finishes its own routed K/V and adds its share to
+    the running sums of the later layers that read it. Two kinds are pulled by their layer instead (`pull`):
+    a `per_token` router (its weights depend on the layer's input) and a router of the values alone (the op
+    routes K and V together). With reference=True every router pulls through route_reference."""
 
     def __init__(self, routers, readers, reference=False):
         self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
@@ -227,19 +219,16 @@ class Routing:
     @staticmethod
     def push_targets(routers):
         """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
-        readers = [[] for _ in routers]
-        for r in routers:
-            if not r.pulled:
-                for j in r.sources[:-1]:  # (the last source is the layer itself)
-                    readers[j].append(r.layer)
-        return readers
+        return [[r.layer for r in routers if not r.pulled and j in r.sources[:-1]]  # (sources[-1]: the layer itself)
+                for j in range(len(routers))]
 
     def pull(self, router, sources, x):
+        """sources: the K/V (B, T, n_kv, E) of router.sources, in order -> the routed K/V of the router's layer."""
         w = router.weights(x if router.per_token else None)
         if self.reference or w.dim() == 3:  # (weights across heads: the stack of route_reference)
             return router.reference(sources, x)
-        # within each head, (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed
-        # (.type_as: fp32 weights would promote bf16 K/V under autocast)
+        # within each head, w (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed; autograd
+        # saves the sources themselves, no stacked copy (.type_as: fp32 weights would promote bf16 K/V under autocast)
         return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(sources[0])
 
 
@@ -257,7 +246,7 @@ def rope_tables(config):
 def apply_rope(x, cos, sin):
     """Rotate pairs (x1[i], x2[i]) = (x[i], x[i + head_dim/2]) by position-dependent angles."""
     x1, x2 = x.chunk(2, dim=-1)  # each (B, heads, T, head_dim/2)
-    # rotated in the tables' dtype, as a bf16 x fp32 product is fp32: fp32 under autocast, fp64 in a .double() model
+    # computed in the tables' dtype (bf16 x fp32 is fp32 under autocast; fp64 in a .double() model), then cast back
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -369,8 +358,7 @@ class GPT(nn.Module):
           - RMSNorm gains: one;
           - learned routers: the identity on the layer's own heads, so that training starts from LLaMA's
             information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every other source;
-          - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that.
-        """
+          - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that."""
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
         check_registered(methods, self)  # a parameter in a plain list would silently never train
@@ -422,9 +410,8 @@ class GPT(nn.Module):
     # ---- analysis and accounting ---------------------------------------------------------
 
     def routing_weights(self):
-        """Per layer l, (n_kv_head, l + 1, n_kv_head): [h, j, h'] the weight from head h' of
-        layer j into head h. Identity on the own layer where there is no router; for a per-token
-        router (ablations.py's `dynamic`), the token-independent part."""
+        """Per layer l, (n_kv_head, l + 1, n_kv_head): [h, j, h'] the weight from head h' of layer j into head h.
+        The identity on the layer's own heads where there is no router; a per-token router's token-independent part."""
         return [(block.attn.router or Own(self.config, layer).to(self.rope_cos.device)).dense()
                 for layer, block in enumerate(self.transformer.h)]
 
@@ -433,7 +420,7 @@ class GPT(nn.Module):
         # a method's parameters by the module that holds them, whatever their names (a router's names include "attn")
         methods = {id(p): part for part, modules in [("router", self.routers), ("residual", [self.residual])]
                    for m in modules for p in m.parameters()}
-        parts = dict(wte="embedding", attn="attention", mlp="mlp")  # the rest: the first key its name holds
+        parts = dict(wte="embedding", attn="attention", mlp="mlp")  # any other: the first key in its name, else norm
         counts = dict.fromkeys(["router", "residual", *parts.values(), "norm"], 0)
         for name, p in self.named_parameters():
             part = methods.get(id(p)) or next((part for key, part in parts.items() if key in name), "norm")
@@ -450,10 +437,8 @@ class GPT(nn.Module):
                                                            head_dim for a router of the values alone)
           + Residual.flops()                              (what the residual stream adds; 0 for the plain one)
 
-        The routing term is what LIMe adds: each routed K/V element is a dot product over the
-        allowed sources (within-head weights: over the same head only). It grows as O(L^2) with
-        depth in `lime` (and ablations.py's `average`). Layer 0 only copies its own K/V.
-        """
+        The routing term is what LIMe adds (layer 0 only copies its own K/V): each routed K/V element is a dot product
+        over the allowed sources (within-head weights: the same head only); O(L^2) in depth in `lime` and `average`."""
         c = self.config
         T = seq_len or c.block_size
         head_dim = c.n_embd // c.n_head
