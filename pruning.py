@@ -86,3 +86,8 @@ def pruned_counts(model, mask):
     routers = prunable_routers(model)
     return {routers[name].layer: (int((~keep).sum()), keep.numel())
             for name, keep in sorted(mask.items(), key=lambda item: routers[item[0]].layer)}
+
+
+def pruned_total(model, mask):
+    """(pruned, total) over every masked router weight."""
+    return tuple(map(sum, zip(*pruned_counts(model, mask).values())))

@@ -78,8 +78,13 @@ def main(script, argv, cls, presets, train, description=None):
         if dry_run:
             run.check_weights()  # on the meta device (no memory, no time), and a narrow copy on the CPU
             if run.master:  # (under torchrun, once, not once per process)
+                # a length in epochs becomes steps once the data's size is known (train.py): not in a dry run
+                later = " and ".join(f"{steps} from --{epochs.replace('_', '-')}" for steps, epochs in
+                                     (("max_steps", "epochs"), ("warmup_steps", "warmup_epochs"))
+                                     if resume is None and getattr(cfg, epochs, 0) > 0)
                 print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags, the model and the "
-                      "checkpoints they name check out; no data was read, nothing was written)")
+                      "checkpoints they name check out; no data was read, nothing was written"
+                      + (f"; the run sets {later} once it reads the data" if later else "") + ")")
             return None
         with Signals() as run.signals:
             return train(cfg, run)

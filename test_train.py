@@ -494,18 +494,20 @@ def router_state(ckpt, name):
     return ckpt["optimizer"]["state"][params.index(name)]
 
 
-def test_pruning_during_training_survives_resume(answer_dir, tmp_path):
+def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train.main(tiny_args(answer_dir, whole, *prune))
     train.main(tiny_args(answer_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
     assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
+    assert "were pruned: they stay zero" not in capsys.readouterr().out  # (not before the pruning)
     train.main(tiny_args(answer_dir, parts, *prune, "--resume"))
     assert_same_run(parts, whole)
     ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
     name = "transformer.h.1.attn.router.weight"
     keep = ckpt["router_mask"][name]
     assert 0 < (~keep).sum() < keep.numel()
+    assert f"{int((~keep).sum())} of 8 router weights were pruned: they stay zero" in capsys.readouterr().out
     assert torch.all(ckpt["model"][name][~keep] == 0) and torch.all(ckpt["model"][name][keep] != 0)
     state = router_state(ckpt, name)  # no gradient and no momentum reach a pruned weight
     assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
@@ -540,15 +542,22 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
                        (["--preset=tiny", "--router-top-p=1", "--prune-at=3"], dict(router_top_p=1.0)),  # (keeps all)
                        (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10))]:
         train.main([*argv, "--dry-run"])
-        config = json.loads(capsys.readouterr().out.splitlines()[0].removeprefix("config: "))
+        printed = capsys.readouterr().out
+        config = json.loads(printed.splitlines()[0].removeprefix("config: "))
         assert {k: config[k] for k in want} == want
+        # the steps a length in epochs gives are known once the data is: the dry run says so, not 6000 silently
+        later = [f"{s} from --{e}" for s, e in [("max_steps", "epochs"), ("warmup_steps", "warmup-epochs")]
+                 if config[e.replace("-", "_")] > 0]
+        assert printed.endswith(f"; the run sets {' and '.join(later)} once it reads the data)\n" if later else
+                                "nothing was written)\n")
     for epochs in ("2", "-5"):  # (a value that would be refused is refused, not overridden)
         err = error_of(train.main, ["--preset=arith", "--max-steps=40", f"--epochs={epochs}", "--dry-run"], capsys)
         assert "--max-steps and --epochs both say how long: give one of them" in err
     assert list(tmp_path.iterdir()) == []
 
 
-def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path):
+def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path,
+                                                                                   capsys):
     """--resume without --preset or --data-dir continues on the run's own data, and with --data-dir on the same
     data moved elsewhere. Ending a run early with a lower --max-steps at a step that had an intermediate
     evaluation evaluates it again, as a final one. Resumed to more steps, a finished run is one no longer."""
@@ -561,6 +570,10 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     argv = tiny_args(answer_dir, short, "--stop-at=6", "--epochs=0.5")
     train.main([a for a in argv if not a.startswith("--max-steps=")])
     assert json.loads((short / "config.json").read_text())["max_steps"] == 13
+    capsys.readouterr()
+    train.main(["--out-dir", str(short), "--resume", "--dry-run"])  # its steps are known: no word of epochs
+    printed = capsys.readouterr().out
+    assert '"max_steps": 13' in printed.splitlines()[0] and printed.endswith("nothing was written)\n")
     train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
     evals = [r for r in read_log(short) if "val_loss" in r]
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split

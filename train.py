@@ -38,7 +38,7 @@ import runs
 from data import TaskRows, batch_rng, evaluate
 from lime import GPT, GPTConfig
 from methods import parse_router, satisfies
-from pruning import mask_routers, prunable, prunable_forms, prune_routers, pruned_counts
+from pruning import mask_routers, prunable, prunable_forms, prune_routers, pruned_total
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
 FREE = dict(resume="may change")  # where and how long a session runs: --resume may give it anew
@@ -211,6 +211,8 @@ def train(cfg, run):
         say(f"task: {data.label}, from {cfg.data_dir}/meta.json")
     if run.init is not None:
         say(f"starting from the weights of {cfg.init_from} (its step {run.init['step']})")
+    if mask is not None:  # pruned before this session: by this run (--resume), or the one it starts from
+        say("{:,} of {:,} router weights were pruned: they stay zero".format(*pruned_total(raw_model, mask)))
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, {method_params}; "
         f"{accum} micro-step(s) of {cfg.micro_batch_size} per step")
@@ -239,7 +241,7 @@ def train(cfg, run):
                 with run.signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
                     mask = run.router_mask = prune_routers(raw_model, cfg.router_top_p, mask)
                     mask_routers(raw_model, mask, optimizer)
-                pruned, total = map(sum, zip(*pruned_counts(raw_model, mask).values()))
+                pruned, total = pruned_total(raw_model, mask)
                 say(f"step {step}: top-p {cfg.router_top_p} pruning zeroed {pruned:,} of {total:,} router weights "
                     f"({100 * pruned / total:.1f}%); they stay zero from here on")
                 run.log(step=step, router_pruned=pruned, router_weights=total)
@@ -303,7 +305,7 @@ def train(cfg, run):
         say(f"stopped after step {step} (--stop-at); continue with --resume")
     else:
         task = {"task": cfg.task} if cfg.task else {}  # the arithmetic regime, as the config holds it
-        pruned = None if mask is None else sum(p for p, _ in pruned_counts(raw_model, mask).values())
+        pruned = None if mask is None else pruned_total(raw_model, mask)[0]
         run.finish(dict(router=cfg.router, preset=cfg.preset, data=cfg.data, **task, seed=cfg.seed,
                         parameters=counts, steps=step, tokens_seen=step * tokens_per_step, **metrics,
                         router_pruned=pruned,
