@@ -196,13 +196,13 @@ def cmd_entropy(args):
     for router, name, (values, hidden) in runs_:
         label = router if routers.count(router) == 1 else f"{router} ({name})"  # two runs of one router: both
         curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
-    print(f"matrix-based Renyi entropy (alpha {args.alpha}), mean over {' or '.join(map(str, sorted(counts)))} "
+    print(f"matrix-based Renyi entropy (alpha {args.alpha}) in nats, mean over {' or '.join(map(str, sorted(counts)))} "
           "sequences")
     width = 2 + max(14, *map(len, curves))  # a column per curve, as wide as its name and a space or two
     print("layer " + "".join(f"{name:>{width}}" for name in curves))
     for l in range(max(len(c) for c in curves.values())):
         print(f"{l:>5} " + "".join(f"{c[l]:{width}.3f}" if l < len(c) else " " * width for c in curves.values()))
-    save_plot(Path(args.out_dir[0]) / "entropy.png", curves, "layer", f"Renyi entropy (alpha {args.alpha})",
+    save_plot(Path(args.out_dir[0]) / "entropy.png", curves, "layer", f"Renyi entropy (alpha {args.alpha}), nats",
               "representation entropy per layer")
     return curves
 

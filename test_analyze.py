@@ -76,7 +76,7 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
     curves = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4"])
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
-    assert "matrix-based Renyi entropy" in capsys.readouterr().out
+    assert "matrix-based Renyi entropy (alpha 1.0) in nats" in capsys.readouterr().out
     assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
     again = tmp_path / "again"  # two runs of one router: each keeps its curves, named by its folder
     shutil.copytree(arith_run, again)
