@@ -507,7 +507,10 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     name = "transformer.h.1.attn.router.weight"
     keep = ckpt["router_mask"][name]
     assert 0 < (~keep).sum() < keep.numel()
-    assert f"{int((~keep).sum())} of 8 router weights were pruned: they stay zero" in capsys.readouterr().out
+    said = f"{int((~keep).sum())} of 8 router weights were pruned: they stay zero"
+    assert said in capsys.readouterr().out
+    train.main(tiny_args(answer_dir, tmp_path / "fine", f"--init-from={parts}", "--max-steps=1", "--eval-interval=1"))
+    assert said in capsys.readouterr().out  # (a run that starts from a pruned model says so too)
     assert torch.all(ckpt["model"][name][~keep] == 0) and torch.all(ckpt["model"][name][keep] != 0)
     state = router_state(ckpt, name)  # no gradient and no momentum reach a pruned weight
     assert torch.all(state["exp_avg"][~keep] == 0) and torch.all(state["exp_avg_sq"][~keep] == 0)
@@ -540,7 +543,8 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
                        (["--preset=arith", "--max-steps=40", "--stop-at=40"], dict(max_steps=40, stop_at=40)),
                        (["--preset=arith", "--seed=0"], dict(epochs=200, seed=0)),  # (the first seed there is)
                        (["--preset=tiny", "--router-top-p=1", "--prune-at=3"], dict(router_top_p=1.0)),  # (keeps all)
-                       (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10))]:
+                       (["--preset=prosqa", "--warmup-steps=5"], dict(warmup_steps=5, warmup_epochs=0.0, epochs=10)),
+                       (["--preset=prosqa"], dict(warmup_epochs=1, epochs=10))]:  # (both in epochs)
         train.main([*argv, "--dry-run"])
         printed = capsys.readouterr().out
         config = json.loads(printed.splitlines()[0].removeprefix("config: "))
