@@ -18,8 +18,8 @@ normal cache's size (generation.py).
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router`: how a layer reads the K/V of earlier layers; one subclass per --router value. Here `lime`
-    (the paper's) and `none` (LLaMA); ablations.py, baselines.py and a fork (README "Fork it") add more,
-    of Router or of `Residual`, the stream between sub-layers. methods.py registers them by name.
+    (the paper's) and `none` (LLaMA); ablations.py, baselines.py and a fork (README "Fork it") add more
+    subclasses, of Router or of `Residual` (the stream between sub-layers). methods.py registers them by name.
   * `Routing`: carries K/V from layer to layer, for most routers through kernels.py's op: one per layer,
     kept by torch.compile in its single graph. The op saves each layer's K/V once: O(L) memory, where
     autograd through a stack per layer (the paper's code) takes O(L^2).
@@ -103,7 +103,8 @@ class Router(Method):
 
     The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
     (`dense`), whether top-p pruning applies (pruning.prunable), the FLOPs (GPT.estimate_flops) and the
-    initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew)."""
+    initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew).
+    A model builds a mode's router at layers 1 and up: make_router puts `Own` at layer 0 (nothing earlier to read)."""
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
     keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; as value-residual)
 
