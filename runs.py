@@ -586,7 +586,7 @@ def pruning_mask(ckpt, model, path):
     if not (isinstance(mask, dict) and set(mask) == set(want) and all(
             torch.is_tensor(keep) and keep.dtype == torch.bool and keep.shape == want[k] for k, keep in mask.items())):
         raise DataError(f"{path}: its pruning mask ('router_mask') does not fit the model's router weights")
-    return mask
+    return mask or None  # (an empty one, of a model with nothing to prune, prunes nothing)
 
 
 # what the config sets in each of AdamW's parameter groups (train.py's param_groups), or sets how it steps: the

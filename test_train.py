@@ -518,6 +518,15 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
 
 
+def test_an_empty_pruning_mask_prunes_nothing_where_there_is_nothing_to_prune(tmp_path):
+    """A checkpoint's router_mask of {} (train.py saves none such): of a model with nothing to prune, no pruning (it
+    failed at the run's first line, 'top-p pruning applies to ...'); of one with router weights, a mask that does
+    not fit them."""
+    assert runs.pruning_mask({"router_mask": {}}, small_model("none"), tmp_path / "ckpt.pt") is None
+    with pytest.raises(cli.DataError, match="its pruning mask .'router_mask'. does not fit"):
+        runs.pruning_mask({"router_mask": {}}, small_model("lime"), tmp_path / "ckpt.pt")
+
+
 def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_path, capsys, monkeypatch):
     """--data with a preset of other data reads data/<data>, not the preset's folder; --dry-run checks and prints
     the config (its data_dir absolute, so that the run reads it from any folder) and writes nothing."""
