@@ -29,7 +29,7 @@ import torch
 import runs
 import tables
 from data import evaluate
-from pruning import prunable_routers, prune_routers, pruned_counts
+from pruning import prunable_routers, prune_routers, pruned_counts, pruned_total
 
 PROBE_WORDS = {" is": 318, " are": 389, " was": 373, " were": 547}  # their GPT-2 token ids
 
@@ -411,7 +411,7 @@ def cmd_prune(args):
     after = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
 
     counts = pruned_counts(model, mask)
-    pruned, total = map(sum, zip(*counts.values()))
+    pruned, total = pruned_total(model, mask)
     print(f"top-p {args.top_p} pruning of the {cfg.router} routers in {args.out_dir}: pruned weights per layer")
     for layer, (n, of) in counts.items():
         print(f"layer {layer:>3}: {n:>8,} of {of:>8,} ({100 * n / of:5.1f}%)")
