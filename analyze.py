@@ -452,7 +452,7 @@ def main(argv=None):
             s.add_argument("--out-dir", nargs=1, required=True, help="run folder holding ckpt.pt")
         if name == "routes":
             continue  # the routers' own weights: no data
-        s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
+        s.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
         if name == "entropy":
@@ -467,8 +467,8 @@ def main(argv=None):
     c.add_argument("--metric", help="what to plot beside val_loss: a key of the log's evaluations, e.g. val_acc_4 "
                                     "(default: the validation accuracy of the hardest tier, where there is one)")
     c.add_argument("--rows", type=int, default=20, help="at most about this many steps in the printed table")
-    c.add_argument("--out", help="where to save the PNG (default: curves.png in the folder holding all the runs, "
-                                       "or here if only / holds them all)")
+    c.add_argument("--out", type=a_path, help="where to save the PNG (default: curves.png in the folder holding all "
+                                                 "the runs, or here if only / holds them all)")
     s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
     s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
     s.add_argument("--top-p", type=float, default=0.9,
@@ -479,7 +479,7 @@ def main(argv=None):
     s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
     s.add_argument("--device", default="auto", help="where to evaluate: auto (cuda, then mps, then cpu), cpu, "
                                                     "cuda, cuda:N or mps")
-    s.add_argument("--data-dir", help="where the data is, if not where the run's config says")
+    s.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
     with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
         if args.command in ("table", "curves", "prune"):

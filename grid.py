@@ -19,7 +19,7 @@ and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, folder_problem, one_line_errors, read_json
+from cli import DataError, Parser, UsageError, a_path, folder_problem, one_line_errors, read_json
 
 import dataclasses
 import json
@@ -93,8 +93,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=float, default=2.0, help="training epochs of every run")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="runs at a time (default: one per CPU core, each on one thread)")
-    p.add_argument("--out-dir", default="out/grid", help="where the runs go")
-    p.add_argument("--data-root", default="data/grid", help="where each regime's data folder goes")
+    p.add_argument("--out-dir", type=a_path, default="out/grid", help="where the runs go")
+    p.add_argument("--data-root", type=a_path, default="data/grid", help="where each regime's data folder goes")
     with one_line_errors("grid.py"):
         # everything is checked before anything is written: the flags, the routers, the flags for train.py,
         # the folders, and what the folders hold already

@@ -14,7 +14,7 @@ the same arithmetic data; other arithmetic data is refused. --overwrite replaces
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, atomic_write, folder_problem, one_line_errors
+from cli import DataError, Parser, UsageError, a_path, atomic_write, folder_problem, one_line_errors
 
 import os
 import sys
@@ -204,7 +204,7 @@ def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):
 def main(argv=None):
     p = Parser(description=__doc__)
     p.add_argument("name", choices=["fineweb-edu", "shakespeare", "arithmetic", "prosqa"], help="dataset to prepare")
-    p.add_argument("--data-dir", help="output folder (default: data/NAME)")
+    p.add_argument("--data-dir", type=a_path, help="output folder (default: data/NAME)")
     scopes = {}  # flag -> what it is for, as its help begins ("arithmetic, int: ..."); given for other data: refused
 
     def add(flag, scope, help, **kw):

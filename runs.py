@@ -27,8 +27,8 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, atomic_write, default_shown, folder_problem,
-                 is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
+from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
+                 folder_problem, is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -133,7 +133,8 @@ def build_parser(cls, defaults, description=None):
         text = f.metadata.get("help") or f.name.replace("_", " ")
         text = text() if callable(text) else text  # a text that depends on what is registered
         shown = default_shown(text, defaults[f.name])
-        p.add_argument(flag(f.name), type=parse_bool if kind is bool else kind,
+        path = kind is str and f.default == ""  # a folder (--out-dir, --data-dir, --init-from): "" is not "none"
+        p.add_argument(flag(f.name), type=parse_bool if kind is bool else a_path if path else kind,
                        help=(text + f" [{defaults[f.name]}]" * shown).replace("%", "%%"))
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",

@@ -15,8 +15,8 @@ task vocabulary. Generation uses the KV cache.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (SEED, DataError, Parser, UsageError, autocast_for, one_line_errors, pick_device, show_metrics,
-                 synchronize)
+from cli import (SEED, DataError, Parser, UsageError, a_path, autocast_for, one_line_errors, pick_device,
+                 show_metrics, synchronize)
 
 import random
 import time
@@ -146,7 +146,7 @@ def main(argv=None):
                                              "(default: 200 for language)")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling and for picking expressions")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--data-dir", help="where the data is, if not where the run's config says")
+    p.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
     p.add_argument("--eval", action="store_true", help="evaluate instead: validation loss and perplexity, and "
                                                        "accuracy per tier (arithmetic) or on the test "
                                                        "questions (prosqa)")

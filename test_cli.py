@@ -399,6 +399,17 @@ BAD_INPUTS = [
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", str(r)], 2, "--save names the run being"),
     ("analyze", lambda a, r, t: ["prune", "--out-dir", str(r), "--save", ""], 2, "argument --save: an empty path"),
+    # an empty path (a $VARIABLE not set) is not the flag left out: not a run from scratch in place of --init-from's,
+    # nor the preset's own out/tiny-lime replaced (--overwrite), nor data written to data/arithmetic or runs to here
+    ("train", train_args("--init-from="), 2, "argument --init-from: an empty path (a $VARIABLE that is not set?)"),
+    ("train", train_args("--out-dir=", "--overwrite"), 2, "argument --out-dir: an empty path"),
+    ("train", train_args("--data-dir="), 2, "argument --data-dir: an empty path"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", ""], 2, "argument --data-dir: an empty path"),
+    ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--data-dir", ""], 2,
+     "argument --data-dir: an empty path"),
+    ("analyze", lambda a, r, t: ["curves", str(r), "--out", ""], 2, "argument --out: an empty path"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", ""], 2, "argument --data-dir: an empty path"),
+    ("grid", lambda a, r, t: ["--out-dir", "", "--data-root", str(t / "d")], 2, "argument --out-dir: an empty path"),
     ("analyze", lambda a, r, t: ["curves", str(r), "--out", str(t / "notes.md")], 2,
      "notes.md: the picture is a PNG: give a path ending in .png"),
     ("train", train_args("--vocab-size=1000"), 2, "--vocab-size=1000 is smaller than the arithmetic vocabulary (1008): "
