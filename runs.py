@@ -592,7 +592,8 @@ def pruning_mask(ckpt, model, path):
 
 # what the config sets in each of AdamW's parameter groups (train.py's param_groups), or sets how it steps: the
 # checkpoint's groups replace them as it loads, so that a damaged one would train on with other values than the config's
-HYPERPARAMETERS = ("betas", "eps", "weight_decay", "lr_scale", "amsgrad", "maximize")
+# (or fail at its first step: capturable=True on a CPU, a traceback once the run's folder is rewritten)
+HYPERPARAMETERS = ("betas", "eps", "weight_decay", "lr_scale", "amsgrad", "maximize", "capturable")
 
 
 def same(value, built):

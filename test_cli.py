@@ -814,6 +814,8 @@ DAMAGED = [
                                     "1.0)"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
         maximize=True)), resume), 1, "an optimiser state its config does not describe (maximize True, not False)"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
+        capturable=True)), resume), 1, "an optimiser state its config does not describe (capturable True, not False)"),
     ("train", then(on_the_copy, edit_moments(lambda s: s["exp_avg"].fill_(math.nan)), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's exp_avg of transformer.", " is not finite")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
