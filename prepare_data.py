@@ -261,7 +261,7 @@ def main(argv=None):
             raise UsageError(f"--data-dir={data_dir}: {folder_problem(data_dir)}")
         if args.name == "fineweb-edu" and not 1 <= args.shards <= 99:
             raise UsageError(f"--shards must be 1..99, got {args.shards}")
-        for key, least in (("train_size", 1), ("test_size", 1), ("show", 0)):
+        for key, least in (("train_size", 1), ("test_size", 1), ("show", 0), ("seed", 0)):  # (meta.json's seed: >= 0)
             if args.name == "arithmetic" and getattr(args, key) < least:
                 raise UsageError(f"--{key.replace('_', '-')} must be >= {least}, got {getattr(args, key)}")
         if args.name == "arithmetic":

@@ -353,6 +353,8 @@ BAD_INPUTS = [
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--show", "-1"], 2,
      "--show must be >= 0, got -1"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--seed=-1"], 2,
+     "--seed must be >= 0, got -1"),  # (not data that every reader then refuses: "its 'seed' is -1")
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--field=mod", "--modulus=12"], 2,
      "--modulus must be a prime"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--tiers=4,x"], 2,
