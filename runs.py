@@ -717,7 +717,8 @@ def read_record(path):
     record = read_json(path, keys=("router",))
     for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
         null = record.get(key) is None and key not in ("router", "config")  # (a router and a config are never null)
-        if key in record and not null and not of_kind(record[key], kind):
+        if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0, as
+                                           kind is int and not 0 <= record[key] < 2**63):  # read_log's steps)
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
         fault = metric_fault(key, value)

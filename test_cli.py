@@ -756,6 +756,9 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "seed": "1", "acc_4": 0.5}'),
                      lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: its 'seed' is '1'"),
+    ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "steps": -3, "acc_4": 0.5}'),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: its 'steps' is -3"),  # (not a row of '-3 steps')
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "acc_4": 0.5, "config": null}'),
                      lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: its 'config' is None"),
