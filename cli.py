@@ -184,7 +184,8 @@ def option(default, help, **rules):
     """A config field with its help text, which becomes its command-line flag's, and what else is said
     of its value: rule=POSITIVE or NON_NEGATIVE (any (text, test) pair) or choices=(...), which
     check_fields() enforces; resume="may change" (train.py: a resumed run may give it anew); data=a class of
-    data set (runs.py: a flag for data of that class only, data.TaskRows say)."""
+    data set (runs.py: a flag for data of that class only, data.TaskRows say); path=True: a file or folder,
+    whose flag refuses an empty value (a $VARIABLE not set) rather than take it for the default."""
     return field(default=default, metadata=dict(help=help, **rules))
 
 

@@ -45,7 +45,7 @@ class EvalConfig(GPTConfig):
     """A run's model, its data and how it is evaluated: what sample.py and analyze.py read back of a run (its
     checkpoint's config, checked by check_config), and what train.py's TrainConfig adds training to."""
     data: str = option("fineweb-edu", "dataset", choices=tuple(DATASETS))
-    data_dir: str = option("", "where the dataset is (default data/<data>)")
+    data_dir: str = option("", "where the dataset is (default data/<data>)", path=True)
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
                                    rule=POSITIVE)
     eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
@@ -133,8 +133,7 @@ def build_parser(cls, defaults, description=None):
         text = f.metadata.get("help") or f.name.replace("_", " ")
         text = text() if callable(text) else text  # a text that depends on what is registered
         shown = default_shown(text, defaults[f.name])
-        path = kind is str and f.default == ""  # a folder (--out-dir, --data-dir, --init-from): "" is not "none"
-        p.add_argument(flag(f.name), type=parse_bool if kind is bool else a_path if path else kind,
+        p.add_argument(flag(f.name), type=parse_bool if kind is bool else a_path if f.metadata.get("path") else kind,
                        help=(text + f" [{defaults[f.name]}]" * shown).replace("%", "%%"))
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",

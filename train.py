@@ -49,7 +49,7 @@ class TrainConfig(runs.EvalConfig):
     """Everything a run is: the model, its data and evaluation (runs.EvalConfig's fields) and how it is trained.
     Each field is a flag."""
     preset: str = option("150m", "named set of defaults: 150m, 1b, deep, arith, prosqa, tiny")
-    out_dir: str = option("", "checkpoints and logs (default out/<preset>-<router>)", **FREE)
+    out_dir: str = option("", "checkpoints and logs (default out/<preset>-<router>)", path=True, **FREE)
     batch_size: int = option(256, "sequences per optimiser step, over all processes", rule=POSITIVE)
     max_steps: int = option(6000, "length of the run; the learning-rate schedule follows it", rule=POSITIVE, **FREE)
     epochs: float = option(0.0, "tasks: if > 0, sets max_steps to this many epochs (of len(train) samples); "
@@ -81,7 +81,7 @@ class TrainConfig(runs.EvalConfig):
     compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=("auto", "on", "off"), **FREE)
     seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
-                                "fresh optimiser)")
+                                "fresh optimiser)", path=True)
 
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
