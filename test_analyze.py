@@ -317,9 +317,10 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert "its last line was cut short" in out and "val_acc_6 (%), mean ± sd over the seeds:" in out
     with pytest.MonkeyPatch.context() as m:  # (no picture: the table is what this looks at)
         m.setattr(analyze, "pyplot", lambda: None)
-        analyze.main(["curves", *dirs, "--rows", "1"])  # at most about 1 row: the first step, and the last always
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if re.match(" +\\d+ ", line)] == [
-        "100", "300"] * 2  # val_acc_6, val_loss
+        for rows in ("1", "2"):  # at most about --rows rows (of the 3 steps): the first step, and the last always
+            analyze.main(["curves", *dirs, "--rows", rows])
+            assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if re.match(" +\\d+ ", line)] \
+                == ["100", "300"] * 2, rows  # val_acc_6, val_loss
     huge = tmp_path / "huge"  # JSON's integers have no limit; a float does
     shutil.copytree(dirs[0], huge)
     (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 1' + "0" * 400 + '}\n')
