@@ -658,3 +658,13 @@ def test_under_torchrun_rank_0_alone_generates_a_presets_data(tmp_path, monkeypa
     with pytest.raises(cli.DataError, match="meta.json is not valid JSON"):
         runs.training_data(cfg, types.SimpleNamespace(master=False, resume=None), train.GENERATES["tiny"], home)
     assert calls == ["barrier"]
+
+
+def test_init_from_takes_the_models_shape_but_not_its_block_size(arith_dir, arith_run, tmp_path):
+    """--init-from: the other run's model, at a block size of this run's (RoPE is computed, not stored: its weights fit
+    a longer block, to fine-tune on longer samples); its checkpoint's weights load into that model."""
+    cfg, resume, init, _ = runs.resolve(tiny_args(arith_dir, tmp_path / "long", f"--init-from={arith_run}",
+                                                  "--block-size=128"), train.TrainConfig, train.PRESETS)
+    assert (cfg.block_size, init["config"]["block_size"], resume) == (128, 64, None)
+    assert (cfg.n_layer, cfg.n_embd) == (init["config"]["n_layer"], init["config"]["n_embd"]) == (2, 32)
+    runs.Run(cfg, None, init).check_weights()
