@@ -18,7 +18,7 @@ from urllib3.exceptions import ProtocolError
 import prepare_data
 from cli import DataError
 from conftest import error_of, small_encoding, small_model
-from data import MAGIC, TaskRows, TokenData, evaluate, greedy_accuracy, load_tokens, write_shard
+from data import MAGIC, TaskRows, TokenData, evaluate, evaluate_loss, greedy_accuracy, load_tokens, write_shard
 from generation import generate
 
 
@@ -260,3 +260,17 @@ def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
         alone[i] = row[: row.index(stop)] if stop in row else row
     assert judged == alone and any(len(ids) < most for (_, i, most), ids in zip(items, alone.values()))
     assert accuracy == pytest.approx(sum(len(ids) % 2 == 0 for ids in alone.values()) / len(items))
+
+
+def test_the_loss_of_a_task_is_the_mean_over_its_scored_tokens():
+    """Neither the prompt nor the padding is scored: a model that is uniform over 10 tokens has a loss of log 10 on any
+    rows, whatever share of them is padding."""
+    class Uniform(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros(*x.shape, 10), None
+
+    rows = TaskRows()
+    rows.T, rows.pad, rows.val = 6, 1, [([5, 6, 7, 1], 2), ([8, 9, 1], 1), ([4, 4, 4, 4, 1], 3)]  # 6 of 18 scored
+    for size in (1, 2, 3):
+        assert evaluate_loss(Uniform(), rows, size, "cpu", contextlib.nullcontext()) == pytest.approx(math.log(10))
+
