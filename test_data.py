@@ -274,3 +274,10 @@ def test_the_loss_of_a_task_is_the_mean_over_its_scored_tokens():
     for size in (1, 2, 3):
         assert evaluate_loss(Uniform(), rows, size, "cpu", contextlib.nullcontext()) == pytest.approx(math.log(10))
 
+
+def test_task_rows_split_between_processes_micro_batch_by_micro_batch():
+    """Each process takes every world-th micro-batch of the validation rows, from its rank's: every row once."""
+    rows = TaskRows()
+    rows.T, rows.pad, rows.val = 3, 0, [([i, i, 0], 1) for i in range(1, 8)]
+    assert [[x[:, 0].tolist() for x, _ in rows.val_batches(2, rank, 2)] for rank in (0, 1)] == [
+        [[1, 2], [5, 6]], [[3, 4], [7]]]
