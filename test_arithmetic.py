@@ -390,3 +390,14 @@ def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == damaged
     prepare_data.main(args + ["--overwrite"])
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == made
+
+
+def test_no_expression_is_scored_twice_even_where_there_are_few():
+    """Test and validation expressions are all distinct and unseen in training, also in a regime with few of them
+    (mod 3, one operator: 33 expressions); where too few are left, an error, not repeats."""
+    task = arithmetic.Task(field="mod", modulus=3, count="operators", tiers=(1,), target="answer")
+    data = arithmetic.generate(task, seed=0, train_size=5, test_size=10)
+    scored = [line.split(" = ")[0] for split in ("test_1", "val_1") for line in data[split]]
+    assert len(set(scored)) == len(scored) == 20 and not set(scored) & {l.split(" = ")[0] for l in data["train"]}
+    with pytest.raises(DataError, match="tier 1 has too few distinct expressions for 30 unseen ones"):
+        arithmetic.generate(task, seed=0, train_size=5, test_size=30)
