@@ -404,3 +404,10 @@ def test_no_expression_is_scored_twice_even_where_there_are_few():
     assert len(set(scored)) == len(scored) == 20 and not set(scored) & {l.split(" = ")[0] for l in data["train"]}
     with pytest.raises(DataError, match="tier 1 has too few distinct expressions for 30 unseen ones"):
         arithmetic.generate(task, seed=0, train_size=5, test_size=30)
+
+
+def test_tiers_are_distinct():
+    for tiers in ((4, 4), [5, 4, 5]):
+        with pytest.raises(DataError, match=re.escape(f"--tiers must be distinct numbers of at least 1 operator (2 "
+                                                      f"operands), got {list(tiers)}")):
+            arithmetic.Task(tiers=tiers)
