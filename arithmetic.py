@@ -580,4 +580,3 @@ class Data(TaskRows):
                  for prompt, answer in map(split_sample, lines)]
         return greedy_accuracy(model, items, lambda ids, answer: final_answer(self.vocab.decode(ids)) == answer,
                                self.vocab.eos, device, rank=rank, world=world)
-

@@ -158,4 +158,3 @@ class Data(TaskRows):
         enc = gpt2_encoding()
         return dict(acc=greedy_accuracy(model, self.tests, lambda ids, answer: correct(decode_tokens(enc, ids), answer),
                                         self.pad, device, rank=rank, world=world))
-
