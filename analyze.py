@@ -406,6 +406,7 @@ def cmd_prune(args):
     model = runs.model_from(ckpt, args.out_dir).to(device).eval()
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
+    print(f"evaluating {args.out_dir} on {device}, as it is and then pruned ...", flush=True)  # (two evaluations)
     before = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
     mask = prune_routers(model, args.top_p, runs.pruning_mask(ckpt, model, Path(args.out_dir) / "ckpt.pt"))
     after = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)

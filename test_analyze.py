@@ -423,6 +423,7 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
     out = capsys.readouterr().out
     assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
+    assert out.startswith(f"evaluating {arith_run} on cpu, as it is and then pruned ...\n")  # (a progress line)
     assert f"layer   1: {report['pruned']:>8,} of        8 ({report['pruned'] / 8:6.1%})" in out.splitlines()
     summary = json.loads((arith_run / "summary.json").read_text())
     assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
