@@ -366,6 +366,7 @@ class GPT(nn.Module):
         with require_initialised(methods):  # NaN until set: a method's parameter that nothing sets is an error
             starts_static = {lin for m in methods if getattr(m, "per_token", False)
                              for lin in m.modules() if isinstance(lin, nn.Linear)}
+            routed = {id(m.weights()) for m in methods if isinstance(m, Router)}  # (a fork's may be its Linear's weight)
             for name, module in self.named_modules():
                 if isinstance(module, nn.RMSNorm):
                     nn.init.ones_(module.weight)
@@ -374,7 +375,7 @@ class GPT(nn.Module):
                         nn.init.zeros_(p)
                 elif name.endswith("c_proj"):
                     nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
-                elif isinstance(module, (nn.Linear, nn.Embedding)):
+                elif isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) not in routed:
                     nn.init.normal_(module.weight, mean=0.0, std=std)
                 elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
                     w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head

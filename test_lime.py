@@ -847,6 +847,25 @@ def test_a_router_that_sets_its_own_initial_values_keeps_them(scratch_registry):
     assert not any(r.gate.weight.any() for r in model.routers[1:])
 
 
+def test_a_router_whose_weights_are_its_linears_starts_as_a_learned_router(scratch_registry):
+    """weights() may be the weight of the router's own nn.Linear: it starts as lime's do (the identity on the layer's
+    own heads, Kaiming-uniform elsewhere), not as the model's Linear layers (normal, std 0.02)."""
+    class Mixer(lime.Router):
+        name = "test-mixer"
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.mix = torch.nn.Linear(len(self.sources), self.n_kv, bias=False)  # weight (n_kv, n_src)
+
+        def weights(self, x=None):
+            return self.mix.weight
+
+    for r in small_model("test-mixer").routers[1:]:  # 2 kv heads
+        w = r.mix.weight
+        assert torch.equal(w[:, -1], torch.ones(2)) and w[:, :-1].abs().max() > 0.1  # (std 0.02: 0.1 is 5 sd)
+        assert w[:, :-1].abs().max() <= math.sqrt(3 / len(r.sources))
+
+
 def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     """A per-token router's Linear maps start at zero, biases too, whatever their name (so it starts static);
     a weight the defaults cannot reach (weights() is an expand of it, or it is in an nn.ParameterList) that the class
