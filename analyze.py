@@ -447,10 +447,10 @@ def main(argv=None):
                             ("probe", "linear probe of is/are/was/were from values, per layer")):
         s = sub.add_parser(name, help=help_text)  # each with the flags it reads: no flag is ignored
         if name == "entropy":
-            s.add_argument("--out-dir", nargs="+", required=True, help="run folder(s) holding ckpt.pt (several: "
-                                                                       "one curve each)")
+            s.add_argument("--out-dir", nargs="+", type=a_path, required=True,
+                           help="run folder(s) holding ckpt.pt (several: one curve each)")
         else:
-            s.add_argument("--out-dir", nargs=1, required=True, help="run folder holding ckpt.pt")
+            s.add_argument("--out-dir", nargs=1, type=a_path, required=True, help="run folder holding ckpt.pt")
         if name == "routes":
             continue  # the routers' own weights: no data
         s.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
@@ -459,19 +459,21 @@ def main(argv=None):
         if name == "entropy":
             s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
-    t.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed are averaged")
+    t.add_argument("run_dirs", nargs="+", type=a_path,
+                   help="run folders; runs that differ only in their seed are averaged")
     t.add_argument("--split", choices=["test", "val"], default="test",
                    help="arithmetic: accuracy on the test split, or on the validation split (for choosing settings)")
     c = sub.add_parser("curves", help="validation accuracy and loss against step, mean ± sd over seeds, from "
                                       "runs' log.jsonl (finished or not)")
-    c.add_argument("run_dirs", nargs="+", help="run folders; runs that differ only in their seed make one curve")
+    c.add_argument("run_dirs", nargs="+", type=a_path,
+                   help="run folders; runs that differ only in their seed make one curve")
     c.add_argument("--metric", help="what to plot beside val_loss: a key of the log's evaluations, e.g. val_acc_4 "
                                     "(default: the validation accuracy of the hardest tier, where there is one)")
     c.add_argument("--rows", type=int, default=20, help="at most about this many steps in the printed table")
     c.add_argument("--out", type=a_path, help="where to save the PNG (default: curves.png in the folder holding all "
                                                  "the runs, or here if only / holds them all)")
     s = sub.add_parser("prune", help="top-p pruning of the router weights: what it removes and what it costs")
-    s.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt")
+    s.add_argument("--out-dir", type=a_path, required=True, help="run folder holding ckpt.pt")
     s.add_argument("--top-p", type=float, default=0.9,
                    help="per target head, keep the smallest set of weights holding this share of its |weight|, "
                         "in (0, 1] (the paper's first version: 0.9)")

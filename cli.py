@@ -101,7 +101,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def a_path(text):
-    """argparse's type for a path flag with no default: an empty one is a mistake, not "none" (else it is ignored)."""
+    """argparse's type for a path flag: an empty one (a $VARIABLE not set) is a mistake, not the default or "here"."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path (a $VARIABLE that is not set?)")
     return text

@@ -107,7 +107,7 @@ def main(argv=None):
         except ValueError as e:
             raise UsageError(f"--seeds and --tiers take numbers separated by commas ({e})") from None
         except DataError as e:  # a regime's (arithmetic.Task's) words: its --field is a value of our --fields
-            raise UsageError(re.sub("^--(field|target) ", r"--\1s ", str(e))) from None
+            raise UsageError(re.sub(r"--(field|target)\b", r"--\1s", str(e))) from None
         if "modulus" in p.given(argv) and "mod" not in {task.field for _, task in grid}:
             raise UsageError(f"--modulus is for the mod field, and --fields={args.fields} has none")
         if min(seeds) < 0:

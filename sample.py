@@ -133,7 +133,7 @@ def samples(model, codec, args, device, autocast):
 
 def main(argv=None):
     p = Parser(description=__doc__)
-    p.add_argument("--out-dir", required=True, help="run folder holding ckpt.pt (from train.py)")
+    p.add_argument("--out-dir", type=a_path, required=True, help="run folder holding ckpt.pt (from train.py)")
     p.add_argument("--start", help="prompt text, or FILE:path to read it from a file "
                                    "(default: random test expressions or questions, or <|endoftext|>)")
     p.add_argument("--num-samples", type=int, default=3,
