@@ -695,7 +695,7 @@ def saved_config(ckpt, out_dir, data_dir=None):
     """The config saved in a checkpoint read from out_dir, checked (check_config), as attributes (cfg.data,
     cfg.block_size, ...): the fields of EvalConfig. `data_dir`, if given, in place of the saved one."""
     cfg = SimpleNamespace(**check_config(ckpt["config"], Path(out_dir) / "ckpt.pt", EvalConfig))
-    cfg.data_dir = data_dir or cfg.data_dir
+    cfg.data_dir = str(Path(data_dir).resolve()) if data_dir else cfg.data_dir  # (absolute, as train.py records it)
     return cfg
 
 
@@ -716,8 +716,8 @@ def read_record(path):
     record = read_json(path, keys=("router",))
     for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
         null = record.get(key) is None and key not in ("router", "config")  # (a router and a config are never null)
-        if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0, as
-                                           kind is int and not 0 <= record[key] < 2**63):  # read_log's steps)
+        if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0,
+                                           kind is int and record[key] < 0):  # as read_log's steps)
             raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
         fault = metric_fault(key, value)

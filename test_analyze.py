@@ -408,14 +408,15 @@ def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     assert "| none | 0.5000 | 50.0% | 29.8% | 25.0% | +100.00% | +0.0 pts |" in table
 
 
-def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys):
+def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys, monkeypatch):
     new, name = tmp_path / "pruned", "transformer.h.1.attn.router.weight"
-    (tmp_path / "moved").symlink_to(arith_dir)  # the run's data where --data-dir says: the pruned run reads it there
+    shutil.copytree(arith_dir, tmp_path / "moved")  # the run's data where --data-dir says: the pruned run reads it there
+    monkeypatch.chdir(tmp_path)  # (given relative, recorded absolute, as train.py records it)
     report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "0.7", "--save", str(new), "--data-dir",
-                           str(tmp_path / "moved")])
+                           "moved"])
     ckpt = torch.load(new / "ckpt.pt", weights_only=True)
     assert ckpt["config"]["data_dir"] == json.loads((new / "config.json").read_text())["data_dir"] == \
-        str(tmp_path / "moved")
+        str((tmp_path / "moved").resolve())
     keep = ckpt["router_mask"][name]
     assert report["pruned"] == int((~keep).sum()) > 0 and report["weights"] == 8
     assert torch.all(ckpt["model"][name][~keep] == 0) and ckpt["config"]["out_dir"] == str(new)
