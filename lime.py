@@ -357,8 +357,8 @@ class GPT(nn.Module):
             every Linear map of a per-token router (ablations.py's `dynamic`): zero, so that it starts static
             (NOTE so two in a row, Linear-Tanh-Linear, would never learn: such a router sets its own);
           - RMSNorm gains: one;
-          - learned routers: the identity on the layer's own heads, so that training starts from LLaMA's
-            information flow, and Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), on every other source;
+          - learned routers (weights() a Parameter, its own Linear's too): the identity on the layer's own
+            heads, so that training starts from LLaMA's flow; Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere;
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that."""
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
@@ -366,7 +366,7 @@ class GPT(nn.Module):
         with require_initialised(methods):  # NaN until set: a method's parameter that nothing sets is an error
             starts_static = {lin for m in methods if getattr(m, "per_token", False)
                              for lin in m.modules() if isinstance(lin, nn.Linear)}
-            routed = {id(m.weights()) for m in methods if isinstance(m, Router)}  # (a fork's may be its Linear's weight)
+            routed = {id(m.weights()) for m in methods if isinstance(m, Router)}  # their init, not a Linear's
             for name, module in self.named_modules():
                 if isinstance(module, nn.RMSNorm):
                     nn.init.ones_(module.weight)
