@@ -263,16 +263,19 @@ def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
 
 
 def test_the_loss_of_a_task_is_the_mean_over_its_scored_tokens():
-    """Neither the prompt nor the padding is scored: a model that is uniform over 10 tokens has a loss of log 10 on any
-    rows, whatever share of them is padding."""
-    class Uniform(torch.nn.Module):
+    """Neither the prompt nor the padding is scored, and the mean is over every scored token of the split, not a mean
+    of each micro-batch's: a model that bets on the next token repeating the current one is right at 1 of the 6."""
+    class Repeat(torch.nn.Module):
         def forward(self, x):
-            return torch.zeros(*x.shape, 10), None
+            return 3 * torch.nn.functional.one_hot(x, 10).float(), None  # logit 3 on the current token, 0 elsewhere
 
     rows = TaskRows()
-    rows.T, rows.pad, rows.val = 6, 1, [([5, 6, 7, 1], 2), ([8, 9, 1], 1), ([4, 4, 4, 4, 1], 3)]  # 6 of 18 scored
+    # (input, target) pairs scored: (6, 7), (7, 1); (8, 9), (9, 1); (4, 4), (4, 1). Not scored: 12 of prompt or padding
+    rows.T, rows.pad, rows.val = 6, 1, [([5, 6, 7, 1], 2), ([8, 9, 1], 1), ([4, 4, 4, 4, 1], 3)]
+    right, wrong = math.log(math.exp(3) + 9) - 3, math.log(math.exp(3) + 9)
     for size in (1, 2, 3):
-        assert evaluate_loss(Uniform(), rows, size, "cpu", contextlib.nullcontext()) == pytest.approx(math.log(10))
+        loss = evaluate_loss(Repeat(), rows, size, "cpu", contextlib.nullcontext())
+        assert loss == pytest.approx((right + 5 * wrong) / 6)
 
 
 def test_task_rows_split_between_processes_micro_batch_by_micro_batch():

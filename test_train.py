@@ -663,8 +663,10 @@ def test_under_torchrun_rank_0_alone_generates_a_presets_data(tmp_path, monkeypa
 def test_init_from_takes_the_models_shape_but_not_its_block_size(arith_dir, arith_run, tmp_path):
     """--init-from: the other run's model, at a block size of this run's (RoPE is computed, not stored: its weights fit
     a longer block, to fine-tune on longer samples); its checkpoint's weights load into that model."""
-    cfg, resume, init, _ = runs.resolve(tiny_args(arith_dir, tmp_path / "long", f"--init-from={arith_run}",
-                                                  "--block-size=128"), train.TrainConfig, train.PRESETS)
+    args = ["--preset=tiny", f"--data-dir={arith_dir}", f"--out-dir={tmp_path / 'long'}", f"--init-from={arith_run}",
+            "--block-size=128"]
+    cfg, resume, init, _ = runs.resolve(args, train.TrainConfig, train.PRESETS)
     assert (cfg.block_size, init["config"]["block_size"], resume) == (128, 64, None)
-    assert (cfg.n_layer, cfg.n_embd) == (init["config"]["n_layer"], init["config"]["n_embd"]) == (2, 32)
+    shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden")  # the preset's: 4, 4, 4, 64, 256
+    assert [getattr(cfg, k) for k in shape] == [init["config"][k] for k in shape] == [2, 2, 2, 32, 64]
     runs.Run(cfg, None, init).check_weights()
