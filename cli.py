@@ -118,7 +118,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     """Bad usage, a data problem or an interruption inside ends the script with one line and its
     exit code. data_hint(e): what to add to a DataError's message; `interrupted`: what to say after
     Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises)."""
-    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
+    own = signal.getsignal(signal.SIGINT) is interrupted_while_starting  # (a script's own process: not a test's)
+    if own:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
     term = signal.getsignal(signal.SIGTERM)
     if term is signal.SIG_DFL:
@@ -147,6 +148,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
     finally:
+        if own:  # done: Python then takes a third of a second to shut down (torch's finalizers), where a Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # would print a traceback from one of them
         signal.signal(signal.SIGTERM, term)  # as it was: main() may run again, in a test or a notebook
 
 

@@ -266,6 +266,22 @@ def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     assert not list(tmp_path.iterdir()) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+def test_ctrl_c_once_a_script_is_done_is_ignored():
+    """After a script's last line, Python takes a third of a second to shut down (torch's finalizers): a Ctrl-C then
+    printed a traceback from one of them. In a script's own process it is ignored once the script is done; in a
+    test's (or a notebook's), Ctrl-C stays as it was."""
+    try:
+        signal.signal(signal.SIGINT, cli.interrupted_while_starting)  # as cli.py sets it where it starts a script
+        with cli.one_line_errors("x.py"):
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    with cli.one_line_errors("x.py"):
+        pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.parametrize("error, says", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB of "
                             "which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in "
