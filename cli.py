@@ -148,8 +148,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
     finally:
-        if own:  # done: Python then takes a third of a second to shut down (torch's finalizers), where a Ctrl-C
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # would print a traceback from one of them
+        if own and script == SCRIPT:  # the script is done (not a main() that another program of ours calls): Python
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # takes 0.3 s to shut down, where a Ctrl-C printed a traceback
         signal.signal(signal.SIGTERM, term)  # as it was: main() may run again, in a test or a notebook
 
 

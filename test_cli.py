@@ -266,18 +266,21 @@ def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     assert not list(tmp_path.iterdir()) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
-def test_ctrl_c_once_a_script_is_done_is_ignored():
+def test_ctrl_c_once_a_script_is_done_is_ignored(monkeypatch):
     """After a script's last line, Python takes a third of a second to shut down (torch's finalizers): a Ctrl-C then
-    printed a traceback from one of them. In a script's own process it is ignored once the script is done; in a
-    test's (or a notebook's), Ctrl-C stays as it was."""
+    printed a traceback from one of them. In a script's own process it is ignored once the script is done; where a
+    program of one's own runs a script's main() (a sweep.py beside them, calling train.main in a loop), or in a test
+    or a notebook, Ctrl-C stays a KeyboardInterrupt after it."""
+    monkeypatch.setattr(cli, "SCRIPT", "x.py")  # (`python x.py`)
     try:
-        signal.signal(signal.SIGINT, cli.interrupted_while_starting)  # as cli.py sets it where it starts a script
-        with cli.one_line_errors("x.py"):
-            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        for script, after in (("x.py", signal.SIG_IGN), ("train.py", signal.default_int_handler)):
+            signal.signal(signal.SIGINT, cli.interrupted_while_starting)  # as cli.py sets it where it starts a script
+            with cli.one_line_errors(script):
+                assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGINT) is after, script
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    with cli.one_line_errors("x.py"):
+    with cli.one_line_errors("x.py"):  # (a test's process: cli.py set no handler of its own)
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
