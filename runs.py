@@ -694,9 +694,8 @@ def check_config(config, path, cls):
 def saved_config(ckpt, out_dir, data_dir=None):
     """The config saved in a checkpoint read from out_dir, checked (check_config), as attributes (cfg.data,
     cfg.block_size, ...): the fields of EvalConfig. `data_dir`, if given, in place of the saved one."""
-    cfg = SimpleNamespace(**check_config(ckpt["config"], Path(out_dir) / "ckpt.pt", EvalConfig))
-    cfg.data_dir = str(Path(data_dir).resolve()) if data_dir else cfg.data_dir  # (absolute, as train.py records it)
-    return cfg
+    config = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}  # (made absolute there, as saved)
+    return SimpleNamespace(**check_config(config, Path(out_dir) / "ckpt.pt", EvalConfig))
 
 
 def read_summary(run_dir):
