@@ -169,10 +169,7 @@ def resolve(argv, cls, presets, description=None):
             cfg[epochs] = 0.0  # a length in steps on the command line wins over the preset's in epochs
     cfg["data_dir"] = given.get("data_dir") or data_folder(presets, preset, cfg["data"])
     init = None
-    if cfg["init_from"]:
-        if resume:
-            raise UsageError("--resume continues the run in --out-dir and --init-from starts a new one from another "
-                             "run's weights: give one of them")
+    if cfg["init_from"] and not resume:  # (with --resume, the run's own --init-from: resume_checkpoint checks it)
         init = init_checkpoint(cfg, given)
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
     if init is not None and same_folder(cfg["out_dir"], cfg["init_from"]):  # (--overwrite would clear it)
@@ -247,7 +244,13 @@ def resume_checkpoint(cls, cfg, given):
     if other:
         raise DataError(f"--resume: {path} is not of the run that {written} describes: it has {', '.join(other)}; "
                         f"if it is, remove {written.name}, which --resume writes anew")
-    clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items() if k not in free and v != saved[k]]
+    if "init_from" in given:  # the command that started the run, --resume added: its --init-from is the run's own
+        began, new = saved["init_from"], given["init_from"]
+        if not (began and (new == began or same_folder(new, began))):
+            raise UsageError(f"--resume continues the run in {cfg['out_dir']}, which started from "
+                             f"{began or 'scratch'}, and --init-from={new} starts a new one: give one of them")
+    clash = [f"{k}={saved[k]!r} (not {v!r})" for k, v in given.items()
+             if k not in free and k != "init_from" and v != saved[k]]
     if clash:
         raise UsageError(f"--resume: {path} was trained with {', '.join(clash)}")
     cfg = {**saved, **{k: v for k, v in given.items() if k in free}}

@@ -518,6 +518,21 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     assert [r["router_pruned"] for r in read_log(parts) if "router_pruned" in r] == [int((~keep).sum())]
 
 
+def test_a_run_from_init_from_resumes_with_the_command_that_started_it(answer_dir, whole_run, tmp_path, capsys):
+    """Stopped, a run that --init-from started says "continue with --resume": the same command with --resume added
+    goes on as if uninterrupted (--init-from names the run's own start); another --init-from is refused."""
+    start = [f"--init-from={whole_run}", "--max-steps=4", "--eval-interval=2"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(answer_dir, whole, *start))
+    train.main(tiny_args(answer_dir, parts, *start, "--stop-at=2"))
+    assert "continue with --resume" in capsys.readouterr().out
+    train.main(tiny_args(answer_dir, parts, *start, "--resume", "--max-steps=4"))
+    assert_same_run(parts, whole)
+    err = error_of(train.main, tiny_args(answer_dir, parts, f"--init-from={whole}", "--resume", "--max-steps=5"), capsys)
+    assert err == (f"train.py: error: --resume continues the run in {parts}, which started from {whole_run}, and "
+                   f"--init-from={whole} starts a new one: give one of them")
+
+
 def test_an_empty_pruning_mask_prunes_nothing_where_there_is_nothing_to_prune(tmp_path):
     """A checkpoint's router_mask of {} (train.py saves none such): of a model with nothing to prune, no pruning (it
     failed at the run's first line, 'top-p pruning applies to ...'); of one with router weights, a mask that does
