@@ -14,6 +14,7 @@ Each ends with one line on stderr, and what was there before stays as it was.
 
 import argparse
 import errno
+import fcntl
 import glob
 import json
 import os
@@ -215,6 +216,21 @@ def check_fields(config, name=str):
 def same_folder(a, b):
     """Whether paths a and b are one folder by any name (a trailing slash, a symlink); False where either is missing."""
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def hold_folder(folder, whose):
+    """Hold `folder` for this process until the descriptor returned is closed, or the process ends, however it ends
+    (the system lets go of a dead process's flock: none is left behind). Held by another, a UsageError that says
+    `whose` it may be. Two runs writing one folder would leave a log, a checkpoint and a summary of either."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"{folder} is in use by another process ({whose})") from None
+    except OSError:  # a file system without locks (some network ones): not held, as before there were any
+        pass
+    return fd
 
 
 def folder_problem(path):

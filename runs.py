@@ -19,7 +19,7 @@ import signal
 import sys
 import warnings
 import zipfile
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +28,7 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
-                 folder_problem, is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
+                 folder_problem, hold_folder, is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -86,7 +86,7 @@ def main(script, argv, cls, presets, train, description=None):
                       "checkpoints they name check out; no data was read, nothing was written"
                       + (f"; the run sets {later} once it reads the data" if later else "") + ")")
             return None
-        with Signals() as run.signals:
+        with Signals() as run.signals, closing(run):
             return train(cfg, run)
 
 
@@ -356,6 +356,7 @@ class Run:
         self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
+        self.held = None  # the folder's descriptor, held from begin() to close()
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
@@ -413,6 +414,8 @@ class Run:
         --overwrite leaves, a resumed one keeps the log up to its checkpoint."""
         if self.master:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
+                                                  "another --out-dir")
             if self.resume is None:
                 clear_run(self.out_dir)
             else:  # a finished run resumed to more steps is a run not finished, until it is
@@ -423,6 +426,12 @@ class Run:
                                                                                   self.rows).encode()))
             if self.notice:
                 print(self.notice)
+
+    def close(self):
+        """Let go of the folder (a program that calls train.main() again may train in it)."""
+        if self.held is not None:
+            os.close(self.held)
+            self.held = None
 
     def log(self, **record):
         """A row of <out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
