@@ -16,7 +16,7 @@ what each layer's attention reads: the routed values in LIMe, the layer's own va
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
-                 is_accuracy, one_line_errors, pick_device, same_folder, show_value)
+                 hold_folder, is_accuracy, one_line_errors, pick_device, same_folder, show_value)
 
 import json
 import os
@@ -430,11 +430,15 @@ def cmd_prune(args):
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
         save.mkdir(parents=True, exist_ok=True)
-        runs.clear_run(save)
-        config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
-        atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
-        atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-        runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
+        held = hold_folder(save, "a train.py training there? wait for it to end, or give another folder")
+        try:
+            runs.clear_run(save)
+            config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
+            atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
+            atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+            runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
+        finally:
+            os.close(held)
         print(f"saved the pruned checkpoint in {save}")
     return dict(report, survival=M)
 

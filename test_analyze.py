@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 
@@ -447,6 +448,14 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert f"--save={mine} already holds a run (prune.json)" in err
     assert (mine / "prune.json").read_text() == '{"mine": 1}'
     (mine / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # --overwrite: the old run's files go
+    held = cli.hold_folder(mine, "a test")  # but not from under a train.py that trains there
+    try:
+        err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine), "--overwrite"], capsys)
+    finally:
+        os.close(held)
+    assert err == f"analyze.py: error: {mine} is in use by another process (a train.py training there? wait for it to " \
+        "end, or give another folder)"
+    assert (mine / "log.jsonl").exists() and (mine / "prune.json").read_text() == '{"mine": 1}'
     report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
     assert report["pruned"] == 0 and report["top_p"] == 1  # p = 1: every weight is kept (its smallest is not 0)
     assert json.loads((mine / "prune.json").read_text())["pruned"] == 0 and not (mine / "log.jsonl").exists()
