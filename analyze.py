@@ -15,7 +15,7 @@ what each layer's attention reads: the routed values in LIMe, the layer's own va
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
+from cli import (DEVICES, POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
                  hold_folder, is_accuracy, one_line_errors, pick_device, same_folder, show_value)
 
 import json
@@ -457,7 +457,7 @@ def main(argv=None):
             s.add_argument("--out-dir", nargs=1, type=a_path, required=True, help="run folder holding ckpt.pt")
         if name == "routes":
             continue  # the routers' own weights: no data
-        s.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
+        s.add_argument("--data-dir", **runs.DATA_DIR)
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
         if name == "entropy":
@@ -484,9 +484,8 @@ def main(argv=None):
     s.add_argument("--save", metavar="NEWDIR", type=a_path, help="write the pruned checkpoint there (a new folder), "
                                                                   "for sample.py or train.py --init-from / --resume")
     s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
-    s.add_argument("--device", default="auto", help="where to evaluate: auto (cuda, then mps, then cpu), cpu, "
-                                                    "cuda, cuda:N or mps")
-    s.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
+    s.add_argument("--device", default="auto", help=f"where to evaluate: {DEVICES}")
+    s.add_argument("--data-dir", **runs.DATA_DIR)
     with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
         if args.command in ("table", "curves", "prune"):

@@ -339,6 +339,9 @@ def running(pid):
 # The device
 
 
+DEVICES = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what pick_device takes, for a flag's help
+
+
 def pick_device(name):
     """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
     if name == "auto":

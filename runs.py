@@ -703,6 +703,9 @@ def check_config(config, path, cls):
     return values
 
 
+DATA_DIR = dict(type=a_path, help="where the data is, if not where the run's config says")  # saved_config's data_dir
+
+
 def saved_config(ckpt, out_dir, data_dir=None):
     """The config saved in a checkpoint read from out_dir, checked (check_config), as attributes (cfg.data,
     cfg.block_size, ...): the fields of EvalConfig. `data_dir`, if given, in place of the saved one."""

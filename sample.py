@@ -15,7 +15,7 @@ task vocabulary. Generation uses the KV cache.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (SEED, DataError, Parser, UsageError, a_path, autocast_for, one_line_errors, pick_device,
+from cli import (DEVICES, SEED, DataError, Parser, UsageError, a_path, autocast_for, one_line_errors, pick_device,
                  show_metrics, synchronize)
 
 import random
@@ -145,8 +145,8 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, help="sample only from the k >= 1 most likely tokens "
                                              "(default: 200 for language)")
     p.add_argument("--seed", type=int, default=1337, help="random seed for sampling and for picking expressions")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--data-dir", type=a_path, help="where the data is, if not where the run's config says")
+    p.add_argument("--device", default="auto", help=DEVICES)
+    p.add_argument("--data-dir", **runs.DATA_DIR)
     p.add_argument("--eval", action="store_true", help="evaluate instead: validation loss and perplexity, and "
                                                        "accuracy per tier (arithmetic) or on the test "
                                                        "questions (prosqa)")

@@ -453,8 +453,8 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
         err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine), "--overwrite"], capsys)
     finally:
         os.close(held)
-    assert err == f"analyze.py: error: {mine} is in use by another process (a train.py training there? wait for it to " \
-        "end, or give another folder)"
+    assert err == f"analyze.py: error: {mine} is in use by another process (a train.py training there? wait for " \
+        "it to end, or give another folder)"
     assert (mine / "log.jsonl").exists() and (mine / "prune.json").read_text() == '{"mine": 1}'
     report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
     assert report["pruned"] == 0 and report["top_p"] == 1  # p = 1: every weight is kept (its smallest is not 0)

@@ -528,7 +528,8 @@ def test_a_run_from_init_from_resumes_with_the_command_that_started_it(answer_di
     assert "continue with --resume" in capsys.readouterr().out
     train.main(tiny_args(answer_dir, parts, *start, "--resume", "--max-steps=4"))
     assert_same_run(parts, whole)
-    err = error_of(train.main, tiny_args(answer_dir, parts, f"--init-from={whole}", "--resume", "--max-steps=5"), capsys)
+    again = tiny_args(answer_dir, parts, f"--init-from={whole}", "--resume", "--max-steps=5")
+    err = error_of(train.main, again, capsys)
     assert err == (f"train.py: error: --resume continues the run in {parts}, which started from {whole_run}, and "
                    f"--init-from={whole} starts a new one: give one of them")
 

@@ -19,7 +19,7 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops, peak_memory,
+from cli import (DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops, peak_memory,
                  pick_device, show_metrics, synchronize)
 
 import json
@@ -75,7 +75,7 @@ class TrainConfig(runs.EvalConfig):
                            rule=NON_NEGATIVE)
     eval_interval: int = option(500, "evaluate and save a checkpoint every this many steps", rule=POSITIVE)
     log_interval: int = option(10, "print a progress line every this many steps", rule=POSITIVE, **FREE)
-    device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", **FREE)
+    device: str = option("auto", DEVICES, **FREE)
     dtype: str = option("auto", "autocast dtype (auto: bfloat16 on CUDA, else float32)",
                         choices=("auto", "bfloat16", "float32"))
     compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=("auto", "on", "off"), **FREE)
