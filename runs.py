@@ -357,6 +357,7 @@ class Run:
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
+        self.seen = folder_state(self.out_dir)  # what the checks saw; begin() holds the folder, then compares
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
@@ -416,6 +417,13 @@ class Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
                                                   "another --out-dir")
+            # another process may have written a run here between this one's checks and now (seconds of data and
+            # model), and let go: a finished run that clear_run would delete unasked, or a checkpoint newer than
+            # the one --resume read
+            changed = changed_files(self.out_dir, self.seen)
+            if changed:
+                raise UsageError(f"{self.out_dir}: another process wrote {', '.join(changed)} there while this run "
+                                 "was starting: nothing was changed; give the command again to see what is there now")
             if self.resume is None:
                 clear_run(self.out_dir)
             else:  # a finished run resumed to more steps is a run not finished, until it is
@@ -496,6 +504,25 @@ def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
     optimizer = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask)
     atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
+
+
+def folder_state(out_dir):
+    """{name: (inode, size, time of the last change)} of the run's files (RUN_FILES) in out_dir: a file written since
+    (replaced, appended to, deleted or new) compares unequal."""
+    state = {}
+    for name in RUN_FILES:
+        try:
+            s = (Path(out_dir) / name).stat()
+        except OSError:  # (none by that name, or none to read)
+            continue
+        state[name] = (s.st_ino, s.st_size, s.st_mtime_ns)
+    return state
+
+
+def changed_files(out_dir, seen):
+    """The names of the run's files in out_dir written since folder_state(out_dir) was `seen`."""
+    now = folder_state(out_dir)
+    return [name for name in RUN_FILES if now.get(name) != seen.get(name)]
 
 
 def run_files(out_dir):

@@ -554,6 +554,33 @@ def test_a_folder_another_run_trains_in_is_refused_and_kept(answer_dir, whole_ru
     assert read_log(run)[-1]["step"] == 13
 
 
+def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(answer_dir, whole_run, tmp_path,
+                                                                                  capsys, monkeypatch):
+    """A run checks its folder first, then spends seconds on its data and model before it holds the folder: another
+    process may write a run there meanwhile, and end. A new run then deleted that finished run unasked, and a
+    --resume went on from the checkpoint it read, older than the one there now: each is refused, the files kept."""
+    run = tmp_path / "run"
+
+    def finished_meanwhile(*args, **kwargs):  # (another process, as this one reads its data)
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(whole_run, run)
+        return training_data(*args, **kwargs)
+
+    training_data = runs.training_data
+    monkeypatch.setattr(runs, "training_data", finished_meanwhile)
+    err = error_of(train.main, tiny_args(answer_dir, run), capsys)  # (empty, as it checked)
+    assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json, config.json there "
+                   "while this run was starting: nothing was changed; give the command again to see what is there now")
+    files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}  # noqa: E731
+    assert files(run) == files(whole_run)  # as the other process left it
+    monkeypatch.setattr(runs, "training_data", training_data)
+    train.main(tiny_args(answer_dir, run, "--stop-at=6", "--overwrite"))
+    monkeypatch.setattr(runs, "training_data", finished_meanwhile)
+    err = error_of(train.main, tiny_args(answer_dir, run, "--resume"), capsys)  # (it read the checkpoint of step 6)
+    assert "another process wrote ckpt.pt, log.jsonl, summary.json, config.json there" in err
+    assert files(run) == files(whole_run)
+
+
 def test_an_empty_pruning_mask_prunes_nothing_where_there_is_nothing_to_prune(tmp_path):
     """A checkpoint's router_mask of {} (train.py saves none such): of a model with nothing to prune, no pruning (it
     failed at the run's first line, 'top-p pruning applies to ...'); of one with router weights, a mask that does
