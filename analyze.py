@@ -400,6 +400,7 @@ def cmd_prune(args):
         if runs.run_files(save) and not args.overwrite:
             raise UsageError(f"--save={save} already holds a run ({', '.join(runs.run_files(save))}): "
                              "give another folder, or --overwrite to replace it")
+        seen = runs.folder_state(save)  # what was checked: compared again once the folder is held
     device = pick_device(args.device)
     ckpt = runs.read_checkpoint(args.out_dir)
     cfg = runs.saved_config(ckpt, args.out_dir, args.data_dir)
@@ -432,6 +433,10 @@ def cmd_prune(args):
         save.mkdir(parents=True, exist_ok=True)
         held = hold_folder(save, "a train.py training there? wait for it to end, or give another folder")
         try:
+            changed = runs.changed_files(save, seen)  # another process wrote there while this one evaluated, and let go
+            if changed:  # (a prune --save of its own, or a run): not replaced unasked
+                raise UsageError(f"--save={save}: another process wrote {', '.join(changed)} there while this one "
+                                 "pruned: nothing was changed; give the command again to see what is there now")
             runs.clear_run(save)
             config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
             atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))

@@ -466,6 +466,27 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert error_of(analyze.main, ["table", str(mine)], capsys, code=1).endswith("(is the run finished?)")
 
 
+def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(arith_run, tmp_path, capsys, monkeypatch):
+    """--save is checked before the two evaluations, and written after them: another prune --save into the same
+    folder (or a run) that wrote there meanwhile and ended is not replaced unasked, not even with --overwrite, which
+    said what to replace as the command began."""
+    new = tmp_path / "new"
+    evaluate = analyze.evaluate
+
+    def meanwhile(*args, **kwargs):  # (another process, as this one evaluates)
+        new.mkdir(exist_ok=True)
+        (new / "prune.json").write_text('{"theirs": 1}')
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(analyze, "evaluate", meanwhile)
+    for flags in ([], ["--overwrite"]):
+        err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new), *flags], capsys)
+        assert err == f"analyze.py: error: --save={new}: another process wrote prune.json there while this one " \
+            "pruned: nothing was changed; give the command again to see what is there now"
+        assert sorted(p.name for p in new.iterdir()) == ["prune.json"]
+        assert (new / "prune.json").read_text() == '{"theirs": 1}'
+
+
 def test_mean_and_sample_sd_of_the_seeds():
     assert tables.mean_sd([0.5, 0.6, 0.7]) == pytest.approx((0.6, 0.1))  # sqrt((0.1^2 + 0 + 0.1^2) / (3 - 1))
     assert tables.mean_sd([4.0]) == (4.0, 0.0)
