@@ -13,12 +13,13 @@ regime in meta.json, with the task's small vocabulary in which every integer is 
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import DataError, UsageError, atomic_write, read_json
+from cli import DataError, UsageError, atomic_write, folder_problem, hold_folder, read_json
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
 
@@ -398,9 +399,27 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished (cut short
     while it was generated), and is generated again. The same data there already (made again, and compared line by
     line) is kept as it is; other data, data that cannot be read, or lines damaged or edited, is replaced only with
-    `overwrite`, a UsageError otherwise."""
-    data_dir, want = Path(data_dir), {**dataclasses.asdict(task), "seed": seed, "train_size": train_size,
-                                      "test_size": test_size}
+    `overwrite`, a UsageError otherwise. The folder is held meanwhile: another process preparing it is waited for,
+    and what it made is then looked at as above (two at once wrote a folder of files of either, and meta.json of one)."""
+    data_dir = Path(data_dir)
+    problem = folder_problem(data_dir)
+    if problem:
+        raise DataError(f"cannot write {data_dir}: {problem}")
+    made = not data_dir.exists()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    held = hold_folder(data_dir, "preparing this data?", wait=True)
+    try:
+        prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
+    except BaseException:
+        if made and not any(data_dir.iterdir()):  # (made here for nothing: it goes again)
+            data_dir.rmdir()
+        raise
+    finally:
+        os.close(held)
+
+
+def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
+    want = {**dataclasses.asdict(task), "seed": seed, "train_size": train_size, "test_size": test_size}
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, so generated again)
         try:
             have = holds(data_dir)

@@ -218,16 +218,24 @@ def same_folder(a, b):
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
-def hold_folder(folder, whose):
+def hold_folder(folder, whose, wait=False):
     """Hold `folder` for this process until the descriptor returned is closed, or the process ends, however it ends
     (the system lets go of a dead process's flock: none is left behind). Held by another, a UsageError that says
-    `whose` it may be. Two runs writing one folder would leave a log, a checkpoint and a summary of either."""
+    `whose` it may be; with `wait`, a line that says so, and then the wait until the other lets go. Two runs writing
+    one folder would leave a log, a checkpoint and a summary of either."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
-        raise UsageError(f"{folder} is in use by another process ({whose})") from None
+        if not wait:
+            os.close(fd)
+            raise UsageError(f"{folder} is in use by another process ({whose})") from None
+        print(f"{folder} is in use by another process ({whose}): waiting for it", flush=True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:  # (Ctrl-C while waiting)
+            os.close(fd)
+            raise
     except OSError:  # a file system without locks (some network ones): not held, as before there were any
         pass
     return fd

@@ -6,7 +6,9 @@ import dataclasses
 import filecmp
 import json
 import operator
+import os
 import re
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import arithmetic
+import cli
 import prepare_data
-from cli import DataError
+from cli import DataError, UsageError
 from conftest import ANSWERS, error_of
 from data import evaluate, evaluate_loss
 from lime import GPT, GPTConfig
@@ -262,6 +265,37 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     assert arithmetic.holds(folder) == dict(**dataclasses.asdict(arithmetic.Task(**{**arithmetic.DEFAULTS,
                                                                                     "tiers": (2, 3)})),
                                             seed=0, train_size=30, test_size=4)
+
+
+def test_two_preparations_of_one_folder_at_once_take_turns(tmp_path, capsys):
+    """Another process that prepares the folder (here a thread, with a descriptor of its own, which is the same to
+    flock): waited for, and what it made then looked at as always. Both at once wrote a folder of files of either,
+    and meta.json of one (another seed's train.txt under meta.json: no line of it wrong), without a word."""
+    theirs, ours = arithmetic.Task(tiers=(2, 3)), arithmetic.Task(tiers=(2, 3), target="answer")
+
+    def other_process(folder, task):  # holds the folder now, prepares it 0.2 s later, then lets go
+        folder.mkdir()
+        held = cli.hold_folder(folder, "a test")
+        def finish():
+            arithmetic.prepare_held(folder, task, 0, 20, 4, False)
+            os.close(held)
+        thread = threading.Timer(0.2, finish)
+        thread.start()
+        return thread
+
+    thread = other_process(tmp_path / "a", theirs)
+    with pytest.raises(UsageError, match="already holds int-steps, tiers 2,3 operands .seed 0; 20 train, 4 test, 4 "
+                                         "val a tier., with target steps .not answer.: give another --data-dir"):
+        arithmetic.prepare(tmp_path / "a", ours, 0, 20, 4)  # (as the other has not written meta.json yet)
+    thread.join()
+    assert f"{tmp_path / 'a'} is in use by another process (preparing this data?): waiting for it" in \
+        capsys.readouterr().out
+    assert arithmetic.edited(tmp_path / "a", theirs, 0, 20, 4) is None
+    thread = other_process(tmp_path / "b", theirs)  # the same data: made once, and found there by the other
+    arithmetic.prepare(tmp_path / "b", theirs, 0, 20, 4)
+    thread.join()
+    out = capsys.readouterr().out
+    assert "holds this data already" in out and out.count("train.txt: 40 samples") == 1
 
 
 @pytest.mark.parametrize("flags, message", [
