@@ -418,7 +418,27 @@ def parse_args(argv):
         if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):
             raise UsageError(f"--json={args.json} already holds figures: give another file, or --overwrite to "
                              "replace them")
+    args.json_state = args.json and file_state(args.json)  # as checked: write_json compares it again
     return args, shape
+
+
+def file_state(path):
+    """(inode, size, time of the last change) of the file at `path`, or None where there is none."""
+    try:
+        s = Path(path).stat()
+    except FileNotFoundError:
+        return None
+    return s.st_ino, s.st_size, s.st_mtime_ns
+
+
+def write_json(args, out):
+    """--json's file, unless another process wrote it after this one checked it (or last wrote it: --suite writes it
+    after every part): two benchmarks at once into one file kept the figures of the last to end, without a word."""
+    if file_state(args.json) != args.json_state:
+        raise UsageError(f"--json={args.json} was written by another process while this one ran: it keeps that one's "
+                         "figures (this one's are above); give another file")
+    atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+    args.json_state = file_state(args.json)
 
 
 def run_suite(args, argv, out):
@@ -462,7 +482,7 @@ def run_suite(args, argv, out):
             part = dict(part=name, results=results)
         out["suite"].append(part)
         if args.json:
-            atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+            write_json(args, out)
             print(f"wrote {args.json} ({len(out['suite'])} of {len(SUITE)} parts)")
     return out
 
@@ -500,7 +520,7 @@ def main(argv=None):
         except RuntimeError as e:  # a mode's process that failed (its output is above), or torch in this one
             fail("bench.py", f"error: {str(e).splitlines()[0]}", 1)
         if args.json:
-            atomic_write(args.json, lambda f: f.write(json.dumps(out, indent=2).encode()))
+            write_json(args, out)
             print(f"wrote {args.json}")
         return out
 

@@ -179,6 +179,27 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
     assert json.loads(held.read_text())["runs"][0]["results"][0]["router"] == "none"
 
 
+def test_bench_keeps_figures_another_process_wrote_while_it_ran(tmp_path, capsys, monkeypatch):
+    """--json is checked before the benchmark and written after it: another benchmark that wrote the file meanwhile
+    (into one that was not there, or over one --overwrite was to replace) keeps its figures, and the command says so."""
+    path = tmp_path / "b.json"
+    measure = bench.measure
+
+    def meanwhile(*args, **kwargs):  # (another process, as this one times its modes; each time another size)
+        path.write_text(json.dumps({"theirs": "x" * len(str(flags))}))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", meanwhile)
+    quick = ["--device", "cpu", "--steps", "1", "--gen-repeats", "0", "--routers", "none", "--n-layer", "1",
+             "--block-size", "4", "--batch-size", "1", "--json", str(path)]
+    for flags in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(quick + flags)
+        assert e.value.code == 2 and capsys.readouterr().err == f"bench.py: error: --json={path} was written by " \
+            "another process while this one ran: it keeps that one's figures (this one's are above); give another file\n"
+        assert json.loads(path.read_text()) == {"theirs": "x" * len(str(flags))}
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--routers", ""], "--routers names no router"),
     (["--routers", ","], "--routers names no router"),
