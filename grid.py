@@ -10,7 +10,8 @@ processes (`--jobs`), each into `<out-dir>/<regime>/<router>-seed<N>` with its o
 there. Finally it prints accuracy per tier, mean ± sd over seeds, on the validation split (what a
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
-interrupted one resumes from its checkpoint. A finished run is kept, never redone: another --epochs
+interrupted one resumes from its checkpoint. A grid holds its --out-dir while it runs: a second one there at once
+is refused. A finished run is kept, never redone: another --epochs
 over finished runs is an error, so give another --out-dir for another budget (the flags after '--' are
 not compared with a finished run's: keep them as they were). Everything is checked before anything is
 written: its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the
@@ -19,7 +20,7 @@ and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, a_path, folder_problem, one_line_errors, read_json
+from cli import DataError, Parser, UsageError, a_path, folder_problem, hold_folder, one_line_errors, read_json
 
 import dataclasses
 import json
@@ -205,6 +206,18 @@ def check_flags(cmd):
 
 
 def run_grid(runs, args, extra):
+    """The runs not finished before, `--jobs` at a time, in --out-dir, which the grid holds meanwhile: a second grid
+    there at once started the same runs again (refused as "in use", or one after the other's end, over it), and the
+    runs of both wrote one train.out (a run FAILED said the other's last line)."""
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    held = hold_folder(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir")
+    try:
+        return run_all(runs, args, extra)
+    finally:
+        os.close(held)
+
+
+def run_all(runs, args, extra):
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
     # which would otherwise start one per core in every run

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import arithmetic
+import cli
 import grid
 from conftest import PRUNABLE, error_of, snapshot
 
@@ -109,6 +110,24 @@ def test_a_run_that_fails_is_named_whatever_its_output_holds(tmp_path, capsys, t
     assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: mod11-answer-operators-2 lime seed 1 (see " \
         "train.out in each)\n"
     assert f"FAILED, exit 1: train.py: error: --resume: {run / 'ckpt.pt'} is empty" in out
+
+
+def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, train_in_this_process):
+    """Two grids with one --out-dir at once started the same runs twice: each a second time once the other's had
+    ended (over it), or refused as "in use" with the other run's last line of their shared train.out as its reason.
+    The second grid is refused before it starts a run; the first one's runs are its own."""
+    out = tmp_path / "out"
+    out.mkdir()
+    held = cli.hold_folder(out, "a test")  # (another process's grid)
+    try:
+        err = error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
+                                   "--test-size", "6", "--routers", "lime", "--seeds", "1", "--data-root",
+                                   str(tmp_path / "data"), "--out-dir", str(out)], capsys)
+    finally:
+        os.close(held)
+    assert err == f"grid.py: error: {out} is in use by another process (a grid.py still running there? wait for it " \
+        "to end, or give another --out-dir)"
+    assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("flags, message", [
