@@ -400,7 +400,7 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     while it was generated), and is generated again. The same data there already (made again, and compared line by
     line) is kept as it is; other data, data that cannot be read, or lines damaged or edited, is replaced only with
     `overwrite`, a UsageError otherwise. The folder is held meanwhile: another process preparing it is waited for,
-    and what it made is then looked at as above (two at once wrote a folder of files of either, and meta.json of one)."""
+    and what it made is then looked at as above (two at once wrote a folder of files of either, meta.json of one)."""
     data_dir = Path(data_dir)
     problem = folder_problem(data_dir)
     if problem:

@@ -25,8 +25,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DataError, Parser, UsageError, a_path, atomic_write, autocast_for, fail, folder_problem,
-                 one_line_errors, peak_flops, pick_device, read_json, synchronize)
+from cli import (DataError, Parser, UsageError, a_path, atomic_write, autocast_for, fail, file_state,
+                 folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import json
 import re
@@ -420,15 +420,6 @@ def parse_args(argv):
                              "replace them")
     args.json_state = args.json and file_state(args.json)  # as checked: write_json compares it again
     return args, shape
-
-
-def file_state(path):
-    """(inode, size, time of the last change) of the file at `path`, or None where there is none."""
-    try:
-        s = Path(path).stat()
-    except FileNotFoundError:
-        return None
-    return s.st_ino, s.st_size, s.st_mtime_ns
 
 
 def write_json(args, out):

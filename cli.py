@@ -241,6 +241,16 @@ def hold_folder(folder, whose, wait=False):
     return fd
 
 
+def file_state(path):
+    """(inode, size, time of the last change) of the file at `path`, None where there is none: a file written since
+    (replaced, appended to, deleted or new) compares unequal."""
+    try:
+        s = os.stat(path)
+    except OSError:  # (none by that name, or none to read)
+        return None
+    return s.st_ino, s.st_size, s.st_mtime_ns
+
+
 def folder_problem(path):
     """Why `path` cannot be a folder to write in (its first existing part is a file, say), or None."""
     for p in [Path(path), *Path(path).parents]:

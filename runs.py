@@ -28,7 +28,8 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
-                 folder_problem, hold_folder, is_accuracy, one_line_errors, option, pick_device, read_json, same_folder)
+                 file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option, pick_device,
+                 read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -507,22 +508,14 @@ def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
 
 
 def folder_state(out_dir):
-    """{name: (inode, size, time of the last change)} of the run's files (RUN_FILES) in out_dir: a file written since
-    (replaced, appended to, deleted or new) compares unequal."""
-    state = {}
-    for name in RUN_FILES:
-        try:
-            s = (Path(out_dir) / name).stat()
-        except OSError:  # (none by that name, or none to read)
-            continue
-        state[name] = (s.st_ino, s.st_size, s.st_mtime_ns)
-    return state
+    """{name: cli.file_state} of the run's files (RUN_FILES) in out_dir: one written since compares unequal."""
+    return {name: file_state(Path(out_dir) / name) for name in RUN_FILES}
 
 
 def changed_files(out_dir, seen):
     """The names of the run's files in out_dir written since folder_state(out_dir) was `seen`."""
     now = folder_state(out_dir)
-    return [name for name in RUN_FILES if now.get(name) != seen.get(name)]
+    return [name for name in RUN_FILES if now[name] != seen[name]]
 
 
 def run_files(out_dir):
