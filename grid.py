@@ -10,12 +10,12 @@ processes (`--jobs`), each into `<out-dir>/<regime>/<router>-seed<N>` with its o
 there. Finally it prints accuracy per tier, mean ± sd over seeds, on the validation split (what a
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
-interrupted one resumes from its checkpoint. A grid holds its --out-dir while it runs: a second one there at once
-is refused. A finished run is kept, never redone: another --epochs
-over finished runs is an error, so give another --out-dir for another budget (the flags after '--' are
-not compared with a finished run's: keep them as they were). Everything is checked before anything is
-written: its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the
-grid sets run by run: --router, --seed, --epochs, the folders; nor --max-steps, --stop-at or --dry-run),
+interrupted one resumes from its checkpoint. A grid holds its --out-dir while it runs: a second one
+there at once is refused. A finished run is kept, never redone: another --epochs over finished runs
+is an error, so give another --out-dir for another budget (the flags after '--' are not compared
+with a finished run's: keep them as they were). Everything is checked before anything is written:
+its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the grid
+sets run by run: --router, --seed, --epochs, the folders; nor --max-steps, --stop-at or --dry-run),
 and what the folders hold already.
 """
 
