@@ -74,8 +74,8 @@ def main(script, argv, cls, presets, train, description=None):
         return how + offline
 
     with one_line_errors(script, data_hint):
-        cfg, resume, init, dry_run = resolve(argv, cls, presets, description)
-        run = Run(cfg, resume, init)  # reads what a resume keeps of the log: nothing is written before it is whole
+        cfg, resume, init, dry_run, seen = resolve(argv, cls, presets, description)
+        run = Run(cfg, resume, init, seen)  # reads what a resume keeps of the log: nothing is written till it is whole
         if dry_run:
             run.check_weights()  # on the meta device (no memory, no time), and a narrow copy on the CPU
             if run.master:  # (under torchrun, once, not once per process)
@@ -148,8 +148,9 @@ def build_parser(cls, defaults, description=None):
 def resolve(argv, cls, presets, description=None):
     """The config of a run, a `cls`: flags > the model shape of --init-from's run > preset > defaults;
     with --resume, flags > the config saved in the checkpoint. Returns (config, the checkpoint to resume,
-    the checkpoint of --init-from, and whether --dry-run was given). Anything that does not fit is a UsageError
-    (or a DataError, for a checkpoint that cannot be read) before anything is written."""
+    the checkpoint of --init-from, whether --dry-run was given, and the folder_state of --out-dir as the checks
+    began). Anything that does not fit is a UsageError (or a DataError, for a checkpoint that cannot be read)
+    before anything is written."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=cls.preset)
     preset = pre.parse_known_args(argv)[0].preset  # first, so that --help shows the preset's defaults
@@ -178,6 +179,7 @@ def resolve(argv, cls, presets, description=None):
     problem = folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
+    seen = folder_state(cfg["out_dir"])  # before the checks read the folder (--resume: seconds of checkpoint)
     found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite:
         advice = ": continue it with --resume," if "ckpt.pt" in found else " with no checkpoint to resume from:"
@@ -204,7 +206,7 @@ def resolve(argv, cls, presets, description=None):
     pick_device(config.device)
     if ckpt is not None or not config.epochs > 0:  # a length in epochs is in steps once the data is read
         check_last_step(config)
-    return config, ckpt, init, dry_run
+    return config, ckpt, init, dry_run, seen
 
 
 def check_last_step(config):
@@ -347,9 +349,10 @@ def read_log(path, advice=""):
 class Run:
     """The folder of one training run, written by rank 0 only: config.json and log.jsonl from the
     start, ckpt.pt at most once per step and whole even when a signal comes during the write, and
-    summary.json at the end. `resume` and `init` are the checkpoints of --resume and --init-from."""
+    summary.json at the end. `resume` and `init` are the checkpoints of --resume and --init-from; `seen`, the
+    folder_state of the folder as resolve() began to check it."""
 
-    def __init__(self, cfg, resume=None, init=None):
+    def __init__(self, cfg, resume=None, init=None, seen=None):
         self.cfg, self.resume, self.init = cfg, resume, init
         self.out_dir = Path(cfg.out_dir)
         self.signals = Signals()  # not installed (main() installs one): it holds nothing
@@ -358,7 +361,8 @@ class Run:
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
-        self.seen = folder_state(self.out_dir)  # what the checks saw; begin() holds the folder, then compares
+        # what the checks saw (resolve's `seen`, taken before they read the folder); begin() holds it, then compares
+        self.seen = seen if seen is not None else folder_state(self.out_dir)
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split

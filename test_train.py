@@ -581,6 +581,29 @@ def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(
     assert files(run) == files(whole_run)
 
 
+def test_a_resume_whose_checkpoint_another_process_replaced_as_it_was_read_is_refused(answer_dir, whole_run, tmp_path,
+                                                                                      capsys, monkeypatch):
+    """What the run's checks saw is recorded before they read the folder, not after: a --resume loads the checkpoint
+    first (seconds for a large model), and another process that finished the run meanwhile was taken as seen, so the
+    resume went on from the older checkpoint, over the finished run (its summary deleted, its log cut)."""
+    run = tmp_path / "run"
+    train.main(tiny_args(answer_dir, run, "--stop-at=6"))
+    read_checkpoint = runs.read_checkpoint
+
+    def finished_meanwhile(*args, **kwargs):  # (another process ends the run as this one loads step 6's checkpoint)
+        ckpt = read_checkpoint(*args, **kwargs)
+        for name in ("ckpt.pt", "log.jsonl", "summary.json"):
+            shutil.copy(whole_run / name, run / name)
+        return ckpt
+
+    monkeypatch.setattr(runs, "read_checkpoint", finished_meanwhile)
+    err = error_of(train.main, tiny_args(answer_dir, run, "--resume"), capsys)
+    assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json there while this "
+                   "run was starting: nothing was changed; give the command again to see what is there now")
+    assert all((run / name).read_bytes() == (whole_run / name).read_bytes()
+               for name in ("ckpt.pt", "log.jsonl", "summary.json"))
+
+
 def test_an_empty_pruning_mask_prunes_nothing_where_there_is_nothing_to_prune(tmp_path):
     """A checkpoint's router_mask of {} (train.py saves none such): of a model with nothing to prune, no pruning (it
     failed at the run's first line, 'top-p pruning applies to ...'); of one with router weights, a mask that does
@@ -728,7 +751,7 @@ def test_init_from_takes_the_models_shape_but_not_its_block_size(arith_dir, arit
     a longer block, to fine-tune on longer samples); its checkpoint's weights load into that model."""
     args = ["--preset=tiny", f"--data-dir={arith_dir}", f"--out-dir={tmp_path / 'long'}", f"--init-from={arith_run}",
             "--block-size=128"]
-    cfg, resume, init, _ = runs.resolve(args, train.TrainConfig, train.PRESETS)
+    cfg, resume, init, *_ = runs.resolve(args, train.TrainConfig, train.PRESETS)
     assert (cfg.block_size, init["config"]["block_size"], resume) == (128, 64, None)
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden")  # the preset's: 4, 4, 4, 64, 256
     assert [getattr(cfg, k) for k in shape] == [init["config"][k] for k in shape] == [2, 2, 2, 32, 64]
