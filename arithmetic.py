@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import DataError, UsageError, atomic_write, folder_problem, hold_folder, read_json
+from cli import DataError, UsageError, atomic_write, folder_problem, held_there, hold_folder, read_json
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
 
@@ -405,9 +405,13 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     problem = folder_problem(data_dir)
     if problem:
         raise DataError(f"cannot write {data_dir}: {problem}")
-    made = not data_dir.exists()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    held = hold_folder(data_dir, "preparing this data?", wait=True)
+    while True:
+        made = not data_dir.exists()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        held = hold_folder(data_dir, "preparing this data?", wait=True)
+        if held_there(held, data_dir):
+            break
+        os.close(held)  # the one waited for removed the folder it made (cut short before it wrote): held, that is gone
     try:
         prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
     except BaseException:

@@ -241,6 +241,15 @@ def hold_folder(folder, whose, wait=False):
     return fd
 
 
+def held_there(fd, folder):
+    """Whether the folder that hold_folder's `fd` holds is still the one at `folder` (not removed or replaced as this
+    process waited for it: a lock on a folder gone holds nothing there)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(folder))
+    except FileNotFoundError:
+        return False
+
+
 def file_state(path):
     """(inode, size, time of the last change) of the file at `path`, None where there is none: a file written since
     (replaced, appended to, deleted or new) compares unequal."""

@@ -298,6 +298,33 @@ def test_two_preparations_of_one_folder_at_once_take_turns(tmp_path, capsys):
     assert "holds this data already" in out and out.count("train.txt: 40 samples") == 1
 
 
+def test_a_preparation_that_waited_for_one_that_removed_the_folder_holds_the_folder_it_prepares(tmp_path, monkeypatch):
+    """The preparation waited for may remove the folder it made (cut short before it wrote a file): the one that
+    waited held a folder no longer there, and wrote a new one unheld, where a third preparation did not wait."""
+    folder = tmp_path / "a"
+    folder.mkdir()
+    held = cli.hold_folder(folder, "a test")  # (another process, which made the folder, and is stopped 0.2 s later)
+
+    def stopped():
+        folder.rmdir()
+        os.close(held)
+
+    prepare_held = arithmetic.prepare_held
+
+    def third_comes(data_dir, *args):  # (a third preparation, as this one writes)
+        data_dir.mkdir(exist_ok=True)
+        with pytest.raises(UsageError, match="is in use by another process"):
+            os.close(cli.hold_folder(data_dir, "a test"))
+        return prepare_held(data_dir, *args)
+
+    monkeypatch.setattr(arithmetic, "prepare_held", third_comes)
+    thread = threading.Timer(0.2, stopped)
+    thread.start()
+    arithmetic.prepare(folder, arithmetic.Task(tiers=(2, 3)), 0, 20, 4)
+    thread.join()
+    assert arithmetic.edited(folder, arithmetic.Task(tiers=(2, 3)), 0, 20, 4) is None
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--field", "mod", "--modulus", "2305843009213693951"], "--modulus must be at most 1000001, got 2305843009213693951"),
     (["--max-value", "1000000000000"], "--max-value must be at most 1000000, got 1000000000000")])
