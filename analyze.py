@@ -16,7 +16,7 @@ what each layer's attention reads: the routed values in LIMe, the layer's own va
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DEVICES, POSITIVE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, folder_problem,
-                 hold_folder, is_accuracy, one_line_errors, pick_device, same_folder, show_value)
+                 holding, is_accuracy, one_line_errors, pick_device, same_folder, show_value)
 
 import json
 import os
@@ -431,19 +431,16 @@ def cmd_prune(args):
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
         save.mkdir(parents=True, exist_ok=True)
-        held = hold_folder(save, "a train.py training there? wait for it to end, or give another folder")
-        try:
+        with holding(save, "a train.py training there? wait for it to end, or give another folder"):
             changed = runs.changed_files(save, seen)  # another process wrote there while this one evaluated, and let go
             if changed:  # (a prune --save of its own, or a run): not replaced unasked
                 raise UsageError(f"--save={save}: another process wrote {', '.join(changed)} there while this one "
-                                 "pruned: nothing was changed; give the command again to see what is there now")
+                                 "pruned: nothing was written there; give the command again to see what is there now")
             runs.clear_run(save)
             config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
             atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
             atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
             runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
-        finally:
-            os.close(held)
         print(f"saved the pruned checkpoint in {save}")
     return dict(report, survival=M)
 

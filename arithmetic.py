@@ -423,6 +423,7 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
 
 
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
+    """prepare()'s work, in the folder it holds."""
     want = {**dataclasses.asdict(task), "seed": seed, "train_size": train_size, "test_size": test_size}
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, so generated again)
         try:
@@ -442,7 +443,7 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
             differs = ", ".join(f"{k} {show(have.get(k))} (not {show(v)})" for k, v in want.items() if have.get(k) != v)
             raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
                              "--data-dir, or --overwrite to replace it")
-    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)] if data_dir.is_dir() else []
+    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)]
     odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
     if odd:
         raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")

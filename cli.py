@@ -4,7 +4,8 @@ are command-line flags, files read and written whole or not at all, and the devi
 
 Exit codes, the same in every script:
   2  the command line is wrong: an unknown flag or a bad value, flags that clash, or an output
-     that would replace something (a run, a data folder) without --overwrite;
+     that would replace something (a run, a data folder) without --overwrite; or the output is
+     another process's (a folder a run trains in, or a file it wrote while this command ran);
   1  something the command reads is missing or broken: a file that is absent, empty, cut short,
      corrupt, or of another run or regime (data, a checkpoint, a log, a summary); a download that
      failed; a loss that is not finite;
@@ -239,6 +240,16 @@ def hold_folder(folder, whose, wait=False):
     except OSError:  # a file system without locks (some network ones): not held, as before there were any
         pass
     return fd
+
+
+@contextmanager
+def holding(folder, whose):
+    """hold_folder(folder, whose) for the body of a `with`."""
+    fd = hold_folder(folder, whose)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def held_there(fd, folder):

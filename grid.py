@@ -20,7 +20,7 @@ and what the folders hold already.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, a_path, folder_problem, hold_folder, one_line_errors, read_json
+from cli import DataError, Parser, UsageError, a_path, folder_problem, holding, one_line_errors, read_json
 
 import dataclasses
 import json
@@ -173,11 +173,15 @@ def main(argv=None):
                     raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
                                      f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, "
                                      "so give another --out-dir for other flags")
-        fits = {}
-        for name, task in grid:
-            prepare(Path(args.data_root) / name, task, args)
-            fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
-        return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
+        # held from here: a second grid there at once (it would start the same runs again, and the runs of both
+        # would write one train.out) is refused before it writes
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        with holding(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir"):
+            fits = {}
+            for name, task in grid:
+                prepare(Path(args.data_root) / name, task, args)
+                fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
+            return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
 
 
 def train_command(router, seed, data_dir, out, args, extra, fit=()):
@@ -206,18 +210,6 @@ def check_flags(cmd):
 
 
 def run_grid(runs, args, extra):
-    """The runs not finished before, `--jobs` at a time, in --out-dir, which the grid holds meanwhile: a second grid
-    there at once started the same runs again (refused as "in use", or one after the other's end, over it), and the
-    runs of both wrote one train.out (a run FAILED said the other's last line)."""
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    held = hold_folder(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir")
-    try:
-        return run_all(runs, args, extra)
-    finally:
-        os.close(held)
-
-
-def run_all(runs, args, extra):
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
     # which would otherwise start one per core in every run

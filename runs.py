@@ -512,14 +512,15 @@ def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
 
 
 def folder_state(out_dir):
-    """{name: cli.file_state} of the run's files (RUN_FILES) in out_dir: one written since compares unequal."""
-    return {name: file_state(Path(out_dir) / name) for name in RUN_FILES}
+    """{name: cli.file_state} of what a run or a pruning writes in out_dir (RUN_FILES but the plots, which analyze.py
+    draws beside a run it reads, harmlessly, as the run goes on): one written since compares unequal."""
+    return {name: file_state(Path(out_dir) / name) for name in RUN_FILES if not name.endswith(".png")}
 
 
 def changed_files(out_dir, seen):
-    """The names of the run's files in out_dir written since folder_state(out_dir) was `seen`."""
+    """The names of the files of folder_state(out_dir) written since it was `seen`."""
     now = folder_state(out_dir)
-    return [name for name in RUN_FILES if now[name] != seen[name]]
+    return [name for name in now if now[name] != seen[name]]
 
 
 def run_files(out_dir):

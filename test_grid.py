@@ -127,7 +127,7 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, t
         os.close(held)
     assert err == f"grid.py: error: {out} is in use by another process (a grid.py still running there? wait for it " \
         "to end, or give another --out-dir)"
-    assert list(out.iterdir()) == []
+    assert list(out.iterdir()) == [] and not (tmp_path / "data").exists()  # (nor its data made)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -580,6 +580,14 @@ def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(
     assert "another process wrote ckpt.pt, log.jsonl, summary.json, config.json there" in err
     assert files(run) == files(whole_run)
 
+    def drawn_meanwhile(*args, **kwargs):  # (analyze.py routes, beside a run it only reads): no run's write
+        (run / "routes.png").write_bytes(b"a plot")
+        return training_data(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "training_data", drawn_meanwhile)
+    train.main(tiny_args(answer_dir, run, "--resume", "--max-steps=13"))
+    assert read_log(run)[-1]["step"] == 13
+
 
 def test_a_resume_whose_checkpoint_another_process_replaced_as_it_was_read_is_refused(answer_dir, whole_run, tmp_path,
                                                                                       capsys, monkeypatch):
