@@ -430,7 +430,6 @@ def cmd_prune(args):
                   per_layer={layer: dict(pruned=n, weights=of) for layer, (n, of) in counts.items()},
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
-        save.mkdir(parents=True, exist_ok=True)
         with holding(save, "a train.py training there? wait for it to end, or give another folder"):
             changed = runs.changed_files(save, seen)  # another process wrote there while this one evaluated, and let go
             if changed:  # (a prune --save of its own, or a run): not replaced unasked

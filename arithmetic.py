@@ -407,7 +407,6 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
         raise DataError(f"cannot write {data_dir}: {problem}")
     while True:
         made = not data_dir.exists()
-        data_dir.mkdir(parents=True, exist_ok=True)
         held = hold_folder(data_dir, "preparing this data?", wait=True)
         if held_there(held, data_dir):
             break

@@ -220,10 +220,11 @@ def same_folder(a, b):
 
 
 def hold_folder(folder, whose, wait=False):
-    """Hold `folder` for this process until the descriptor returned is closed, or the process ends, however it ends
-    (the system lets go of a dead process's flock: none is left behind). Held by another, a UsageError that says
-    `whose` it may be; with `wait`, a line that says so, and then the wait until the other lets go. Two runs writing
-    one folder would leave a log, a checkpoint and a summary of either."""
+    """Hold `folder` (made if it is not there) for this process until the descriptor returned is closed, or the
+    process ends, however it ends (the system lets go of a dead process's flock: none is left behind). Held by
+    another, a UsageError that says `whose` it may be; with `wait`, a line that says so, and then the wait until the
+    other lets go. Two runs writing one folder would leave a log, a checkpoint and a summary of either."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

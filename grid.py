@@ -175,7 +175,6 @@ def main(argv=None):
                                      "so give another --out-dir for other flags")
         # held from here: a second grid there at once (it would start the same runs again, and the runs of both
         # would write one train.out) is refused before it writes
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         with holding(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir"):
             fits = {}
             for name, task in grid:

@@ -419,7 +419,6 @@ class Run:
         """The folder, written only now that everything before has worked: a new run clears what an
         --overwrite leaves, a resumed one keeps the log up to its checkpoint."""
         if self.master:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
             self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
                                                   "another --out-dir")
             # another process may have written a run here between this one's checks and now (seconds of data and
