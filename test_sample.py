@@ -93,7 +93,10 @@ def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, 
         edit_checkpoint(run, lambda ckpt: ckpt["config"].update(block_size=block))
         if block == longest - 1:
             metrics = sample.main(["--out-dir", str(run), "--eval"])
-            assert metrics == {k: summary[k] for k in metrics} and "acc_6" in metrics
+            # the accuracies to the bit; the loss to float rounding: a shorter block is another matmul shape, which
+            # some CPUs' kernels sum in another order (7e-8 relative on one CI machine)
+            assert metrics == pytest.approx({k: summary[k] for k in metrics}, rel=1e-6, abs=0) and "acc_6" in metrics
+            assert {k: v for k, v in metrics.items() if "acc" in k} == {k: summary[k] for k in metrics if "acc" in k}
         else:
             assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1).endswith(
                 f"holds a sample of {longest} tokens, longer than the model's block_size={block}")
