@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import DataError, UsageError, atomic_write, folder_problem, held_there, hold_folder, read_json
+from cli import DataError, UsageError, atomic_write, file_state, folder_problem, held_there, hold_folder, read_json
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
 
@@ -447,7 +447,9 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     if odd:
         raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
     data = generate(task, seed, train_size, test_size)
-    for stale in there:  # what the new data does not replace itself: the folder holds the new data alone
+    # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
+    # last, the folder is unfinished (a reader refuses it; see the end of load), and then holds the new data alone
+    for stale in there:
         if stale.stem not in data:
             stale.unlink()
     for name, lines in data.items():
@@ -496,6 +498,7 @@ def load(data_dir, trained_on=None):
                             f"on, or {rebuild.removesuffix(' --overwrite`')}`")
         where = "" if data_dir.resolve() == Path("data/arithmetic").resolve() else f" --data-dir {data_dir}"
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
+    seen = file_state(data_dir / "meta.json")  # compared once every split is read: see the end
     meta = read_json(data_dir / "meta.json", keys=("vocab",))
     try:
         task = Task.from_meta(meta)
@@ -535,6 +538,10 @@ def load(data_dir, trained_on=None):
                 problem = str(e)
             if problem:
                 raise damaged_line(path, i, problem, meta)
+    # NOTE prepare(overwrite=True) deletes meta.json before it replaces a split and writes it anew last: a meta.json
+    # unchanged now means that no split read above was replaced meanwhile (else: some of either data, silently)
+    if file_state(data_dir / "meta.json") != seen:
+        raise DataError(f"{data_dir} changed while it was read (another process preparing it?): give the command again")
     return vocab, splits, task, meta
 
 

@@ -325,6 +325,26 @@ def test_a_preparation_that_waited_for_one_that_removed_the_folder_holds_the_fol
     assert arithmetic.edited(folder, arithmetic.Task(tiers=(2, 3)), 0, 20, 4) is None
 
 
+def test_a_folder_replaced_while_it_is_read_is_refused_not_read_as_a_mix(tmp_path, monkeypatch):
+    """prepare_data.py --overwrite of another seed while a run reads the folder: the splits read before it are of one
+    seed, those after of the other, every line valid. Read as one data set without a word before; now one line."""
+    folder, task = tmp_path / "a", arithmetic.Task(tiers=(2, 3))
+    arithmetic.prepare(folder, task, 0, 20, 4)
+    line_problem, replaced = arithmetic.line_problem, []
+
+    def replaced_meanwhile(*args, **kwargs):  # (another process, as the reader checks its first line)
+        if not replaced:
+            replaced.append(arithmetic.prepare(folder, task, 1, 20, 4, overwrite=True))
+        return line_problem(*args, **kwargs)
+
+    monkeypatch.setattr(arithmetic, "line_problem", replaced_meanwhile)
+    with pytest.raises(DataError, match=re.escape(f"{folder} changed while it was read (another process preparing "
+                                                  "it?): give the command again")):
+        arithmetic.load(folder)
+    assert replaced and arithmetic.holds(folder)["seed"] == 1
+    assert arithmetic.load(folder)[3]["seed"] == 1  # read again: the new data, whole
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--field", "mod", "--modulus", "2305843009213693951"], "--modulus must be at most 1000001, got 2305843009213693951"),
     (["--max-value", "1000000000000"], "--max-value must be at most 1000000, got 1000000000000")])
