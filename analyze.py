@@ -431,10 +431,7 @@ def cmd_prune(args):
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
         with holding(save, "a train.py training there? wait for it to end, or give another folder"):
-            changed = runs.changed_files(save, seen)  # another process wrote there while this one evaluated, and let go
-            if changed:  # (a prune --save of its own, or a run): not replaced unasked
-                raise UsageError(f"--save={save}: another process wrote {', '.join(changed)} there while this one "
-                                 "pruned: nothing was written there; give the command again to see what is there now")
+            runs.refuse_changed(save, seen, "while this one pruned")  # (a prune --save of its own, or a run)
             runs.clear_run(save)
             config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
             atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))

@@ -421,13 +421,9 @@ class Run:
         if self.master:
             self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
                                                   "another --out-dir")
-            # another process may have written a run here between this one's checks and now (seconds of data and
-            # model), and let go: a finished run that clear_run would delete unasked, or a checkpoint newer than
-            # the one --resume read
-            changed = changed_files(self.out_dir, self.seen)
-            if changed:
-                raise UsageError(f"{self.out_dir}: another process wrote {', '.join(changed)} there while this run "
-                                 "was starting: nothing was changed; give the command again to see what is there now")
+            # between this run's checks and now (seconds of data and model), another process may have written a
+            # finished run here (clear_run would delete it) or a checkpoint newer than the one --resume read
+            refuse_changed(self.out_dir, self.seen, "while this run was starting")
             if self.resume is None:
                 clear_run(self.out_dir)
             else:  # a finished run resumed to more steps is a run not finished, until it is
@@ -516,10 +512,15 @@ def folder_state(out_dir):
     return {name: file_state(Path(out_dir) / name) for name in RUN_FILES if not name.endswith(".png")}
 
 
-def changed_files(out_dir, seen):
-    """The names of the files of folder_state(out_dir) written since it was `seen`."""
+def refuse_changed(out_dir, seen, meanwhile):
+    """Once out_dir is held: a UsageError if another process wrote a file of folder_state(out_dir) there since it
+    was `seen` (as this command checked the folder, before it held it) and let go. What it wrote, a finished run
+    or a newer checkpoint, is not replaced unasked. `meanwhile`: what this process did, as "while this one pruned"."""
     now = folder_state(out_dir)
-    return [name for name in now if now[name] != seen[name]]
+    changed = [name for name in now if now[name] != seen[name]]
+    if changed:
+        raise UsageError(f"{out_dir}: another process wrote {', '.join(changed)} there {meanwhile}: nothing was "
+                         "written there; give the command again to see what is there now")
 
 
 def run_files(out_dir):

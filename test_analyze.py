@@ -481,7 +481,7 @@ def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(arith
     monkeypatch.setattr(analyze, "evaluate", meanwhile)
     for flags in ([], ["--overwrite"]):
         err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new), *flags], capsys)
-        assert err == f"analyze.py: error: --save={new}: another process wrote prune.json there while this one " \
+        assert err == f"analyze.py: error: {new}: another process wrote prune.json there while this one " \
             "pruned: nothing was written there; give the command again to see what is there now"
         assert sorted(p.name for p in new.iterdir()) == ["prune.json"]
         assert (new / "prune.json").read_text() == '{"theirs": 1}'

@@ -570,7 +570,7 @@ def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(
     monkeypatch.setattr(runs, "training_data", finished_meanwhile)
     err = error_of(train.main, tiny_args(answer_dir, run), capsys)  # (empty, as it checked)
     assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json, config.json there "
-                   "while this run was starting: nothing was changed; give the command again to see what is there now")
+                   "while this run was starting: nothing was written there; give the command again to see what is there now")
     files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}  # noqa: E731
     assert files(run) == files(whole_run)  # as the other process left it
     monkeypatch.setattr(runs, "training_data", training_data)
@@ -607,7 +607,7 @@ def test_a_resume_whose_checkpoint_another_process_replaced_as_it_was_read_is_re
     monkeypatch.setattr(runs, "read_checkpoint", finished_meanwhile)
     err = error_of(train.main, tiny_args(answer_dir, run, "--resume"), capsys)
     assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json there while this "
-                   "run was starting: nothing was changed; give the command again to see what is there now")
+                   "run was starting: nothing was written there; give the command again to see what is there now")
     assert all((run / name).read_bytes() == (whole_run / name).read_bytes()
                for name in ("ckpt.pt", "log.jsonl", "summary.json"))
 
