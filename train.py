@@ -263,30 +263,32 @@ def train(cfg, run):
                 mask_routers(raw_model, mask)
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            with run.signals.hold():  # all of an update or none of it, so a checkpoint matches its step
+            # NOTE an update and its log row, whole or neither: a signal between them left a checkpoint of the step
+            # and no row of it, missing from the log for good once resumed (more likely on a GPU, where .item() waits)
+            with run.signals.hold():
                 optimizer.step()
                 if mask is not None:  # exactly zero, whatever the optimiser did
                     mask_routers(raw_model, mask)
                 step += 1
-            optimizer.zero_grad(set_to_none=True)
-            window_steps += 1
-
-            if step % cfg.log_interval == 0 or step == last_step:
-                loss_value = loss_sum.item()  # waits for the device
-                if not math.isfinite(loss_value):
-                    raise FloatingPointError(f"training loss is {loss_value} at step {step}")
-                synchronize(device)
-                dt = time.time() - window_start
-                timed_steps, timed_seconds = timed_steps + window_steps, timed_seconds + dt
-                ms = 1000 * dt / window_steps
-                tok_s = tokens_per_step * window_steps / dt
-                mfu = f" | MFU {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
-                lr = learning_rate(step - 1, cfg)
-                eta = (last_step - step) * timed_seconds / timed_steps  # at the mean pace of the session so far
-                say(f"step {step}/{cfg.max_steps} | loss {loss_value:.4f} | lr {lr:.2e} | {ms:.0f} ms/step | "
-                    f"{tok_s:,.0f} tok/s{mfu} | ETA {runs.format_eta(eta)}")
-                run.log(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
-                window_start, window_steps = time.time(), 0
+                optimizer.zero_grad(set_to_none=True)
+                window_steps += 1
+                if step % cfg.log_interval == 0 or step == last_step:
+                    loss_value = loss_sum.item()  # waits for the device
+                    if not math.isfinite(loss_value):
+                        raise FloatingPointError(f"training loss is {loss_value} at step {step}")
+                    synchronize(device)
+                    dt = time.time() - window_start
+                    timed_steps, timed_seconds = timed_steps + window_steps, timed_seconds + dt
+                    ms = 1000 * dt / window_steps
+                    tok_s = tokens_per_step * window_steps / dt
+                    lr = learning_rate(step - 1, cfg)
+                    # the row first: the line may find its reader gone (`| head`: BrokenPipeError), the step done
+                    run.log(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
+                    mfu = f" | MFU {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
+                    eta = (last_step - step) * timed_seconds / timed_steps  # at the mean pace of the session so far
+                    say(f"step {step}/{cfg.max_steps} | loss {loss_value:.4f} | lr {lr:.2e} | {ms:.0f} ms/step | "
+                        f"{tok_s:,.0f} tok/s{mfu} | ETA {runs.format_eta(eta)}")
+                    window_start, window_steps = time.time(), 0
 
             if step % cfg.eval_interval == 0 or step == cfg.max_steps:
                 metrics = evaluate_and_save(step)
