@@ -229,8 +229,9 @@ def run_grid(runs, args, extra):
     print(f"grid: {len(runs)} runs, {len(runs) - len(todo)} finished before; {len(todo)} to go, {args.jobs} at a "
           f"time on {threads} thread(s) each; each run's output in <run>/train.out under {args.out_dir}")
     done = len(runs) - len(todo)
-    # Ctrl-C or SIGTERM (a scheduler, `kill`): passed on to the runs, which save a checkpoint, then waited for, so
-    # that no run goes on training alone, where the same command run again would start it a second time
+    # Ctrl-C, SIGTERM (a scheduler, `kill`) or SIGHUP (the terminal closed): passed on to the runs, which save a
+    # checkpoint, then waited for, so that no run goes on training alone, where the same command run again would
+    # start it a second time
     with Signals() as signals:
         try:
             while todo or running:

@@ -4,7 +4,7 @@ Run management: what train.py needs around its recipe, and what the other script
   * the config of a run from its flags: a flag per field of the config dataclass, helped by the
     field's own help text; presets; --resume and --init-from; every check before anything is written;
   * the run's folder: config.json, log.jsonl, ckpt.pt and summary.json, written by rank 0 only,
-    each whole or not at all; signals (Ctrl-C, SIGTERM) that save a checkpoint and exit;
+    each whole or not at all; signals (Ctrl-C, SIGTERM, SIGHUP) that save a checkpoint and exit;
   * a finished run read back: its checkpoint, model and data, its summary and the setting it is a seed of
     (seed_group), which tables.py compares runs by.
 """
@@ -16,6 +16,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 import warnings
 import zipfile
@@ -288,8 +289,8 @@ def init_checkpoint(cfg, given):
 
 
 class Signals:
-    """While installed, SIGINT and SIGTERM raise Interrupted (train.py: it saves a checkpoint, then exits 128 +
-    the signal), except inside `with signals.hold():`
+    """While installed, SIGINT, SIGTERM and SIGHUP (the terminal closed) raise Interrupted (train.py: it saves a
+    checkpoint, then exits 128 + the signal), except inside `with signals.hold():`
     (an optimiser update, a checkpoint save), which a signal waits for. Once stopping, every
     further signal waits: the checkpoint being saved on the way out must be written whole."""
 
@@ -297,7 +298,9 @@ class Signals:
         self.held, self.pending, self.stopping = 0, None, False
 
     def __enter__(self):
-        self.saved = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        # NOTE not SIGHUP where it is ignored: `nohup` ignores it, so that the run goes on when the terminal closes
+        hangup = [] if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else [signal.SIGHUP]
+        self.saved = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, *hangup)}
         return self
 
     def __exit__(self, *exc):
@@ -305,6 +308,16 @@ class Signals:
             signal.signal(s, handler)
 
     def handle(self, signum, frame):
+        if signum == signal.SIGHUP:  # the terminal closed: a line to it would fail (EIO), so none goes there now
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    fd = stream.fileno()
+                except (OSError, ValueError):  # (a stream in memory: a test's)
+                    continue
+                if stat.S_ISCHR(os.fstat(fd).st_mode):  # a terminal (which os.isatty fails once hung up), not `> log`
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
         if self.held or self.stopping:
             self.pending = self.pending or signum
         else:
@@ -462,7 +475,7 @@ class Run:
                 self.saved_step = step
 
     def interrupted(self, e, step):
-        """Ctrl-C or SIGTERM during training: a checkpoint of the last whole step, then exit 128 + the signal."""
+        """A signal (Signals) during training: a checkpoint of the last whole step, then exit 128 + the signal."""
         self.signals.stopping = True  # from here on a signal waits for the checkpoint below
         signum = getattr(e, "signum", signal.SIGINT)
         try:

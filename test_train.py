@@ -346,7 +346,9 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, tmp_path, monkeypatch, capsys):
+# SIGTERM: what `kill` and a cluster scheduler send; SIGHUP: the terminal closed (a real one too, tried by hand)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, tmp_path, monkeypatch, capsys, signum):
     """In this process, as a subprocess would spend seconds importing torch: train.main is what
     `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
     real_batch, calls = arithmetic.Data.batch, []
@@ -354,29 +356,92 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, t
     def batch(self, rng, n):
         calls.append(1)
         if len(calls) == 2 * 7 + 1:  # the first micro-batch of step 8: steps 1..7 are done
-            os.kill(os.getpid(), signal.SIGTERM)  # what `kill` and a cluster scheduler send
+            os.kill(os.getpid(), signum)
         return real_batch(self, rng, n)
 
     monkeypatch.setattr(arithmetic.Data, "batch", batch)
     out = tmp_path / "run"
 
     def unhandled(signum, frame):  # rather than the default, which would end the test session
-        pytest.fail("train.py did not handle SIGTERM")
+        pytest.fail(f"train.py did not handle {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, unhandled)
+    previous = signal.signal(signum, unhandled)
     try:
         with pytest.raises(SystemExit) as e:
             train.main(tiny_args(answer_dir, out))
-        assert signal.getsignal(signal.SIGTERM) is unhandled  # train.py put the handler before it back
+        assert signal.getsignal(signum) is unhandled  # train.py put the handler before it back
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert e.value.code == 128 + signal.SIGTERM
+        signal.signal(signum, previous)
+    assert e.value.code == 128 + signum
     printed = capsys.readouterr()
-    assert "SIGTERM: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
+    assert f"{signal.Signals(signum).name}: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
     monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
     train.main(tiny_args(answer_dir, out, "--resume"))
     assert_same_run(out, whole_run)
+
+
+def test_a_signal_while_a_step_is_logged_leaves_the_checkpoint_its_log_row(answer_dir, whole_run, tmp_path, monkeypatch):
+    """A signal after an update, as its log row is made (where .item() waits for the device): the checkpoint of that
+    step was saved without the row, which the log then lacked for good, resumed or not."""
+    real, calls = train.synchronize, []
+
+    def synchronize(device):  # once before step 1, then once a logged step (log interval 1), and after evaluation 6
+        calls.append(1)
+        if len(calls) == 9:  # step 7's
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(device)
+
+    monkeypatch.setattr(train, "synchronize", synchronize)
+    previous = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("train.py did not handle SIGTERM"))
+    try:
+        with pytest.raises(SystemExit, match="143"):
+            train.main(tiny_args(answer_dir, tmp_path / "run"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 7
+    assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
+    monkeypatch.setattr(train, "synchronize", real)
+    train.main(tiny_args(answer_dir, tmp_path / "run", "--resume"))
+    assert_same_run(tmp_path / "run", whole_run)
+
+
+def test_after_sighup_nothing_is_written_to_the_closed_terminal(tmp_path, monkeypatch):
+    """A line to a terminal that hung up fails (EIO): the checkpoint was saved, but the run ended in a traceback (exit
+    1, tried with a real one). Its terminal output goes to /dev/null from the signal on; output to a file stays."""
+    primary, terminal = os.openpty()
+    log = open(tmp_path / "log", "w")
+    with open(terminal, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        monkeypatch.setattr(sys, "stderr", log)
+        with pytest.raises(cli.Interrupted), runs.Signals() as signals:
+            signals.handle(signal.SIGHUP, None)
+        assert os.path.samestat(os.fstat(out.fileno()), os.stat(os.devnull))
+        assert os.path.samestat(os.fstat(log.fileno()), os.stat(tmp_path / "log"))
+    os.close(primary)
+    log.close()
+
+
+def test_under_nohup_a_closed_terminal_does_not_stop_a_run(answer_dir, whole_run, tmp_path, monkeypatch):
+    """`nohup` ignores SIGHUP so that a run outlives its terminal: train.py keeps it ignored (and so do the runs
+    grid.py starts, which inherit it), and the run ends as an uninterrupted one."""
+    real_batch, calls = arithmetic.Data.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * 7 + 1:
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        train.main(tiny_args(answer_dir, tmp_path / "run"))
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert len(calls) > 2 * 7 + 1
+    assert_same_run(tmp_path / "run", whole_run)
 
 
 @pytest.mark.parametrize("case", ["second signal during the save on the way out", "signal during a periodic save"])
@@ -467,8 +532,8 @@ def test_a_closed_output_stops_the_run_with_a_checkpoint(closed_output_runs, ctr
     assert returncode == 128 + signal.SIGPIPE and stderr == ""
     step = torch.load(out / "ckpt.pt", weights_only=True)["step"]
     assert 0 < step < 3000 and not (out / "summary.json").exists()
-    if not ctrl_c:  # its progress line was the one that failed: the step itself is whole
-        assert max(train_losses(out)) == step - 1
+    if not ctrl_c:  # its progress line was the one that failed: the step is whole, and so is its row, written first
+        assert max(train_losses(out)) == step
 
 
 def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(arith_dir, arith_run, tmp_path, capsys):
@@ -570,7 +635,8 @@ def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(
     monkeypatch.setattr(runs, "training_data", finished_meanwhile)
     err = error_of(train.main, tiny_args(answer_dir, run), capsys)  # (empty, as it checked)
     assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json, config.json there "
-                   "while this run was starting: nothing was written there; give the command again to see what is there now")
+                   "while this run was starting: nothing was written there; give the command again to see what is "
+                   "there now")
     files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}  # noqa: E731
     assert files(run) == files(whole_run)  # as the other process left it
     monkeypatch.setattr(runs, "training_data", training_data)
