@@ -460,10 +460,14 @@ class Run:
             with open(self.out_dir / "log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def logged(self, step, key):
+        """The row of `step` with `key` that the kept log holds (a resumed run: what it did at its checkpoint's step
+        is not done again), or None. An evaluation at max_steps is never kept: done again, on the test split too."""
+        return next((r for r in self.rows if r["step"] == step and key in r), None)
+
     def logged_evaluation(self, step):
-        """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None (none at
-        max_steps: the final evaluation is always done again, on the test split too)."""
-        row = next((r for r in self.rows if r["step"] == step and "val_loss" in r), None)
+        """The metrics of the evaluation of `step` that the kept log holds, or None (see logged)."""
+        row = self.logged(step, "val_loss")
         return row and {k: v for k, v in row.items() if k != "step"}
 
     def save(self, step):

@@ -559,10 +559,28 @@ def router_state(ckpt, name):
     return ckpt["optimizer"]["state"][params.index(name)]
 
 
-def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
+def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys, monkeypatch):
     prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole, parts, cut = tmp_path / "whole", tmp_path / "parts", tmp_path / "cut"
     train.main(tiny_args(answer_dir, whole, *prune))
+    # a signal in the step after the pruning: the checkpoint is of the pruning's step, with the mask, and the run
+    # resumed there pruned the pruned weights again (top-p of what was left: more zeros), and logged it twice
+    real_batch, calls = arithmetic.Data.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * 2 + 1:  # the first micro-batch of step 3, which comes after the pruning at step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    with pytest.raises(SystemExit, match="143"):
+        train.main(tiny_args(answer_dir, cut, *prune))
+    assert torch.load(cut / "ckpt.pt", weights_only=True)["step"] == 2
+    monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+    train.main(tiny_args(answer_dir, cut, *prune, "--resume"))
+    assert_same_run(cut, whole)
+    capsys.readouterr()
     train.main(tiny_args(answer_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
     assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
     assert "were pruned: they stay zero" not in capsys.readouterr().out  # (not before the pruning)
@@ -830,3 +848,4 @@ def test_init_from_takes_the_models_shape_but_not_its_block_size(arith_dir, arit
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden")  # the preset's: 4, 4, 4, 64, 256
     assert [getattr(cfg, k) for k in shape] == [init["config"][k] for k in shape] == [2, 2, 2, 32, 64]
     runs.Run(cfg, None, init).check_weights()
+

@@ -237,14 +237,16 @@ def train(cfg, run):
         if step and (step % cfg.eval_interval == 0 or step == cfg.max_steps):  # resumed at an evaluation's step:
             metrics = run.logged_evaluation(step) or evaluate_and_save(step)  # its row, or itself if it was cut
         while step < last_step:
-            if cfg.router_top_p > 0 and step == cfg.prune_at:
-                with run.signals.hold():  # a checkpoint holds the whole pruned model and its mask, or neither
+            # NOTE once: a run resumed from a checkpoint of this step that holds the pruning (its log row says so)
+            # pruned the pruned weights again, and more of them
+            if cfg.router_top_p > 0 and step == cfg.prune_at and not run.logged(step, "router_pruned"):
+                with run.signals.hold():  # a checkpoint holds the pruned model, its mask and its log row, or none
                     mask = run.router_mask = prune_routers(raw_model, cfg.router_top_p, mask)
                     mask_routers(raw_model, mask, optimizer)
-                pruned, total = pruned_total(raw_model, mask)
+                    pruned, total = pruned_total(raw_model, mask)
+                    run.log(step=step, router_pruned=pruned, router_weights=total)
                 say(f"step {step}: top-p {cfg.router_top_p} pruning zeroed {pruned:,} of {total:,} router weights "
                     f"({100 * pruned / total:.1f}%); they stay zero from here on")
-                run.log(step=step, router_pruned=pruned, router_weights=total)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
             loss_sum = torch.zeros((), device=device)
