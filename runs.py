@@ -182,7 +182,7 @@ def resolve(argv, cls, presets, description=None):
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
     seen = folder_state(cfg["out_dir"])  # before the checks read the folder (--resume: seconds of checkpoint)
     found = run_files(cfg["out_dir"])
-    if found and not resume and not overwrite:
+    if found and not resume and not overwrite and not never_trained(cfg["out_dir"], found):
         advice = ": continue it with --resume," if "ckpt.pt" in found else " with no checkpoint to resume from:"
         raise UsageError(f"{cfg['out_dir']} already holds a run ({', '.join(found)}){advice} start over with "
                          "--overwrite, or give another --out-dir")
@@ -548,6 +548,14 @@ def run_files(out_dir):
         if not path.is_file():
             raise DataError(f"{path} is not a file but a run's files go by that name: move it away")
     return [path.name for path in found]
+
+
+def never_trained(out_dir, found):
+    """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and an
+    empty log.jsonl alone, as a run out of memory in its first step leaves, or one stopped as it began (a signal
+    before its loop). Nothing there to keep: the same command runs again, without --overwrite."""
+    log = Path(out_dir) / "log.jsonl"
+    return set(found) <= {"config.json", "log.jsonl"} and (not log.exists() or log.stat().st_size == 0)
 
 
 def clear_run(out_dir):

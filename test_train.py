@@ -325,6 +325,22 @@ def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_a_run_that_never_logged_a_step_is_run_again_by_the_same_command(answer_dir, tmp_path, monkeypatch, capsys):
+    """Out of memory in the first step (or a signal as the run began, before its loop): the folder holds config.json
+    and an empty log, nothing to keep. The same command again (a smaller micro-batch, say) was refused: "already holds
+    a run ... with no checkpoint to resume from: start over with --overwrite"."""
+    def out_of_memory(self, rng, n):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes.")
+
+    monkeypatch.setattr(arithmetic.Data, "batch", out_of_memory)
+    out = tmp_path / "run"
+    assert "out of memory" in error_of(train.main, tiny_args(answer_dir, out, "--max-steps=2"), capsys, code=1)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "log.jsonl"] and not (out / "log.jsonl").read_text()
+    monkeypatch.undo()
+    train.main(tiny_args(answer_dir, out, "--max-steps=2", "--micro-batch-size=2", "--eval-interval=2"))
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
 def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):
     old = tmp_path / "old"
     shutil.copytree(arith_run, old)
