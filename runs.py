@@ -372,6 +372,9 @@ class Run:
         self.master = int(os.environ.get("RANK", 0)) == 0
         self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
+        # NOTE the step at which this run pruned (--prune-at), in its checkpoints: one of that step may be of the
+        # weights before the pruning (its evaluation's) or after, and a run resumed from one after pruned again
+        self.pruned_at = self.saved_pruned_at = resume.get("pruned_at") if resume else None
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
         # what the checks saw (resolve's `seen`, taken before they read the folder); begin() holds it, then compares
@@ -379,8 +382,11 @@ class Run:
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
+            again = ["val_loss"] if final else []
+            if self.pruned_at != self.saved_step:  # a pruning the checkpoint does not hold (killed before it saved)
+                again.append("router_pruned")
             self.rows = [row for row in rows if row["step"] < self.saved_step or
-                         row["step"] == self.saved_step and not (final and "val_loss" in row)]
+                         row["step"] == self.saved_step and not any(key in row for key in again)]
 
     def say(self, *args, **kwargs):
         if self.master:
@@ -460,23 +466,25 @@ class Run:
             with open(self.out_dir / "log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def logged(self, step, key):
-        """The row of `step` with `key` that the kept log holds (a resumed run: what it did at its checkpoint's step
-        is not done again), or None. An evaluation at max_steps is never kept: done again, on the test split too."""
-        return next((r for r in self.rows if r["step"] == step and key in r), None)
-
     def logged_evaluation(self, step):
-        """The metrics of the evaluation of `step` that the kept log holds, or None (see logged)."""
-        row = self.logged(step, "val_loss")
+        """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None (none at
+        max_steps: the final evaluation is always done again, on the test split too)."""
+        row = next((r for r in self.rows if r["step"] == step and "val_loss" in r), None)
         return row and {k: v for k, v in row.items() if k != "step"}
 
+    def pruned(self, step, mask, pruned, total):
+        """The routers were pruned at `step` (--prune-at): every checkpoint from now on holds the mask and says so
+        (one of this step, saved before the pruning by its evaluation, is saved again), and the log has its row."""
+        self.router_mask, self.pruned_at = mask, step
+        self.log(step=step, router_pruned=pruned, router_weights=total)
+
     def save(self, step):
-        """A checkpoint of `step` (not again if the one on disk is of that step)."""
-        if self.master and step != self.saved_step:
+        """A checkpoint of `step` (not again if the one on disk is of that step, and as pruned)."""
+        if self.master and (step, self.pruned_at) != (self.saved_step, self.saved_pruned_at):
             with self.signals.hold():  # a signal now waits until the file is whole
                 save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
-                                self.router_mask)
-                self.saved_step = step
+                                self.router_mask, self.pruned_at)
+                self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):
         """A signal (Signals) during training: a checkpoint of the last whole step, then exit 128 + the signal."""
@@ -517,9 +525,10 @@ def format_eta(seconds):
 # router mask of a pruned model (None if unpruned)
 
 
-def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None):
+def save_checkpoint(out_dir, model, optimizer, step, cfg, router_mask=None, pruned_at=None):
     optimizer = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
-    ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask)
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer, step=step, config=cfg, router_mask=router_mask,
+                pruned_at=pruned_at)
     atomic_write(Path(out_dir) / "ckpt.pt", lambda f: torch.save(ckpt, f))
 
 

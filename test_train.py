@@ -575,28 +575,40 @@ def router_state(ckpt, name):
     return ckpt["optimizer"]["state"][params.index(name)]
 
 
-def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys, monkeypatch):
-    prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
-    whole, parts, cut = tmp_path / "whole", tmp_path / "parts", tmp_path / "cut"
+@pytest.mark.parametrize("prune_at, stop", [(2, "signal"), (3, "signal"), (3, "killed")])
+def test_a_run_stopped_after_its_pruning_resumes_as_if_never_stopped(answer_dir, tmp_path, monkeypatch, prune_at, stop):
+    """Stopped in the step after its pruning (--prune-at): a signal saves a checkpoint of the pruning's step, after
+    it, from which the resumed run pruned the pruned weights again (more zeros) and logged it twice. Where that step
+    is an evaluation's (3), its checkpoint, saved before the pruning, was not saved again, and the resumed run went
+    on unpruned. Killed (no checkpoint on the way out), it resumes from that one and prunes, once."""
+    prune = ["--router-top-p=0.7", f"--prune-at={prune_at}", "--max-steps=6", "--eval-interval=3", "--eval-samples=1"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
     train.main(tiny_args(answer_dir, whole, *prune))
-    # a signal in the step after the pruning: the checkpoint is of the pruning's step, with the mask, and the run
-    # resumed there pruned the pruned weights again (top-p of what was left: more zeros), and logged it twice
     real_batch, calls = arithmetic.Data.batch, []
 
     def batch(self, rng, n):
         calls.append(1)
-        if len(calls) == 2 * 2 + 1:  # the first micro-batch of step 3, which comes after the pruning at step 2
+        if len(calls) == 2 * prune_at + 1:  # the first micro-batch of the step after the pruning
+            if stop == "killed":
+                raise MemoryError("as if killed: nothing saved on the way out")
             os.kill(os.getpid(), signal.SIGTERM)
         return real_batch(self, rng, n)
 
     monkeypatch.setattr(arithmetic.Data, "batch", batch)
-    with pytest.raises(SystemExit, match="143"):
+    with pytest.raises(MemoryError if stop == "killed" else SystemExit):
         train.main(tiny_args(answer_dir, cut, *prune))
-    assert torch.load(cut / "ckpt.pt", weights_only=True)["step"] == 2
+    ckpt = torch.load(cut / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == (3 if stop == "killed" else prune_at)
+    assert ckpt["pruned_at"] == (None if stop == "killed" else prune_at)
     monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
     train.main(tiny_args(answer_dir, cut, *prune, "--resume"))
     assert_same_run(cut, whole)
-    capsys.readouterr()
+
+
+def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
+    prune = ["--router-top-p=0.7", "--prune-at=2", "--max-steps=6", "--eval-interval=6", "--eval-samples=1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(answer_dir, whole, *prune))
     train.main(tiny_args(answer_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
     assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
     assert "were pruned: they stay zero" not in capsys.readouterr().out  # (not before the pruning)
@@ -864,4 +876,3 @@ def test_init_from_takes_the_models_shape_but_not_its_block_size(arith_dir, arit
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden")  # the preset's: 4, 4, 4, 64, 256
     assert [getattr(cfg, k) for k in shape] == [init["config"][k] for k in shape] == [2, 2, 2, 32, 64]
     runs.Run(cfg, None, init).check_weights()
-

@@ -237,14 +237,13 @@ def train(cfg, run):
         if step and (step % cfg.eval_interval == 0 or step == cfg.max_steps):  # resumed at an evaluation's step:
             metrics = run.logged_evaluation(step) or evaluate_and_save(step)  # its row, or itself if it was cut
         while step < last_step:
-            # NOTE once: a run resumed from a checkpoint of this step that holds the pruning (its log row says so)
-            # pruned the pruned weights again, and more of them
-            if cfg.router_top_p > 0 and step == cfg.prune_at and not run.logged(step, "router_pruned"):
-                with run.signals.hold():  # a checkpoint holds the pruned model, its mask and its log row, or none
-                    mask = run.router_mask = prune_routers(raw_model, cfg.router_top_p, mask)
+            # once: not again in a run resumed from a checkpoint of this step that holds it (see Run.pruned_at)
+            if cfg.router_top_p > 0 and step == cfg.prune_at and run.pruned_at != step:
+                with run.signals.hold():  # the pruned model, its mask and its log row, or none of them
+                    mask = prune_routers(raw_model, cfg.router_top_p, mask)
                     mask_routers(raw_model, mask, optimizer)
                     pruned, total = pruned_total(raw_model, mask)
-                    run.log(step=step, router_pruned=pruned, router_weights=total)
+                    run.pruned(step, mask, pruned, total)
                 say(f"step {step}: top-p {cfg.router_top_p} pruning zeroed {pruned:,} of {total:,} router weights "
                     f"({100 * pruned / total:.1f}%); they stay zero from here on")
             for group in optimizer.param_groups:
