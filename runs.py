@@ -604,6 +604,9 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
     if ckpt["step"] < 0:
         raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
+    pruned_at = ckpt.get("pruned_at")  # (not in a checkpoint saved before it was)
+    if pruned_at is not None and not (of_kind(pruned_at, int) and 0 <= pruned_at <= ckpt["step"]):
+        raise DataError(f"{path} is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'")
     if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
     odd = next((name for name, t in ckpt["model"].items()  # (dense, with their data; dtypes: check_tensors)

@@ -679,6 +679,8 @@ DAMAGED = [
      "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=torch.ones(2))), resume),
+     1, "ckpt.pt is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape, dtype=torch.uint8) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (~1 is 254, not False)
