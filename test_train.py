@@ -362,20 +362,27 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     assert torch.load(old / "ckpt.pt", weights_only=True)["step"] == 2
 
 
+def stop_at_step(monkeypatch, step, stop):
+    """stop() as the run draws the first micro-batch of `step` (tiny_args: two a step), steps before it done.
+    Returns the list that counts the micro-batches drawn, and undo(), which puts the data's own batch back."""
+    real_batch, calls = arithmetic.Data.batch, []
+
+    def batch(self, rng, n):
+        calls.append(1)
+        if len(calls) == 2 * (step - 1) + 1:
+            stop()
+        return real_batch(self, rng, n)
+
+    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    return calls, lambda: monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+
+
 # SIGTERM: what `kill` and a cluster scheduler send; SIGHUP: the terminal closed (a real one too, tried by hand)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, tmp_path, monkeypatch, capsys, signum):
     """In this process, as a subprocess would spend seconds importing torch: train.main is what
     `python train.py` runs, signal handler included, and its SystemExit code is the exit status."""
-    real_batch, calls = arithmetic.Data.batch, []
-
-    def batch(self, rng, n):
-        calls.append(1)
-        if len(calls) == 2 * 7 + 1:  # the first micro-batch of step 8: steps 1..7 are done
-            os.kill(os.getpid(), signum)
-        return real_batch(self, rng, n)
-
-    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    _, undo = stop_at_step(monkeypatch, 8, lambda: os.kill(os.getpid(), signum))
     out = tmp_path / "run"
 
     def unhandled(signum, frame):  # rather than the default, which would end the test session
@@ -392,7 +399,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, 
     printed = capsys.readouterr()
     assert f"{signal.Signals(signum).name}: saving a checkpoint at step 7" in printed.out and "--resume" in printed.out
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 7
-    monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+    undo()
     train.main(tiny_args(answer_dir, out, "--resume"))
     assert_same_run(out, whole_run)
 
@@ -441,15 +448,7 @@ def test_after_sighup_nothing_is_written_to_the_closed_terminal(tmp_path, monkey
 def test_under_nohup_a_closed_terminal_does_not_stop_a_run(answer_dir, whole_run, tmp_path, monkeypatch):
     """`nohup` ignores SIGHUP so that a run outlives its terminal: train.py keeps it ignored (and so do the runs
     grid.py starts, which inherit it), and the run ends as an uninterrupted one."""
-    real_batch, calls = arithmetic.Data.batch, []
-
-    def batch(self, rng, n):
-        calls.append(1)
-        if len(calls) == 2 * 7 + 1:
-            os.kill(os.getpid(), signal.SIGHUP)
-        return real_batch(self, rng, n)
-
-    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    calls, _ = stop_at_step(monkeypatch, 8, lambda: os.kill(os.getpid(), signal.SIGHUP))
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         train.main(tiny_args(answer_dir, tmp_path / "run"))
@@ -584,23 +583,18 @@ def test_a_run_stopped_after_its_pruning_resumes_as_if_never_stopped(answer_dir,
     prune = ["--router-top-p=0.7", f"--prune-at={prune_at}", "--max-steps=6", "--eval-interval=3", "--eval-samples=1"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train.main(tiny_args(answer_dir, whole, *prune))
-    real_batch, calls = arithmetic.Data.batch, []
+    def stopped():
+        if stop == "killed":
+            raise MemoryError("as if killed: nothing saved on the way out")
+        os.kill(os.getpid(), signal.SIGTERM)
 
-    def batch(self, rng, n):
-        calls.append(1)
-        if len(calls) == 2 * prune_at + 1:  # the first micro-batch of the step after the pruning
-            if stop == "killed":
-                raise MemoryError("as if killed: nothing saved on the way out")
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_batch(self, rng, n)
-
-    monkeypatch.setattr(arithmetic.Data, "batch", batch)
+    _, undo = stop_at_step(monkeypatch, prune_at + 1, stopped)  # the step after the pruning
     with pytest.raises(MemoryError if stop == "killed" else SystemExit):
         train.main(tiny_args(answer_dir, cut, *prune))
     ckpt = torch.load(cut / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == (3 if stop == "killed" else prune_at)
     assert ckpt["pruned_at"] == (None if stop == "killed" else prune_at)
-    monkeypatch.setattr(arithmetic.Data, "batch", real_batch)
+    undo()
     train.main(tiny_args(answer_dir, cut, *prune, "--resume"))
     assert_same_run(cut, whole)
 
