@@ -263,7 +263,7 @@ def train_here(cmd, out):
 class TrainInThisProcess:
     """Stands in for subprocess.Popen in grid.py."""
 
-    def __init__(self, cmd, stdout, stderr, env):
+    def __init__(self, cmd, stdout, stderr, env, preexec_fn):
         assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
         assert stderr is grid.subprocess.STDOUT
         assert "RANK" not in env

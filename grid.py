@@ -22,6 +22,7 @@ and what the folders hold already.
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import DataError, Parser, UsageError, a_path, folder_problem, holding, one_line_errors, read_json
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -34,8 +35,10 @@ from pathlib import Path
 
 import arithmetic
 from methods import parse_router
-from runs import Signals, of_kind, read_summary, run_files
+from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
 from tables import by_setting, differences, results_table
+
+LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # (for prctl)
 
 
 def regimes(args):
@@ -208,6 +211,30 @@ def check_flags(cmd):
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("config: "))[8:])
 
 
+def going_on(out):
+    """The flag a run of the grid gets as it is launched, decided then, not as the grid started (a train.py run by
+    hand there meanwhile may have saved a checkpoint, or finished it: then an --overwrite would delete it)."""
+    if (out / "ckpt.pt").exists():
+        return ["--resume"]
+    # started, but killed before its first checkpoint: nothing to keep (a name that is not a file: train.py's line)
+    return ["--overwrite"] if any((out / name).exists() for name in RUN_FILES) else []
+
+
+def launch(cmd, log, env):
+    """One run's process, its output into `log`. On Linux it ends with the grid however the grid ends: killed where it
+    cannot pass a signal on (kill -9, the out-of-memory killer), the kernel sends each run SIGTERM (PR_SET_PDEATHSIG),
+    so it saves a checkpoint and stops, and the same command run again resumes it, not finds it still training."""
+    grid = os.getpid()
+
+    def with_the_grid():  # in the new process, before train.py starts
+        LIBC.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != grid:  # the grid died before this line: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=with_the_grid if LIBC else None)
+
+
 def run_grid(runs, args, extra):
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
@@ -220,12 +247,9 @@ def run_grid(runs, args, extra):
         dirs.append(out)
         if (out / "summary.json").exists():
             continue  # finished: kept, never redone
-        cmd = train_command(router, seed, data_dir, out, args, extra, (block, vocab))
-        if (out / "ckpt.pt").exists():
-            cmd.append("--resume")
-        elif run_files(out):
-            cmd.append("--overwrite")  # started, but killed before its first checkpoint: nothing to keep
-        todo.append((f"{name} {router} seed {seed}", out, cmd))
+        run_files(out)  # (a folder where a run's file goes: one line now, not a failed run later)
+        todo.append((f"{name} {router} seed {seed}", out, train_command(router, seed, data_dir, out, args, extra,
+                                                                         (block, vocab))))
     print(f"grid: {len(runs)} runs, {len(runs) - len(todo)} finished before; {len(todo)} to go, {args.jobs} at a "
           f"time on {threads} thread(s) each; each run's output in <run>/train.out under {args.out_dir}")
     done = len(runs) - len(todo)
@@ -237,11 +261,15 @@ def run_grid(runs, args, extra):
             while todo or running:
                 while todo and len(running) < args.jobs:
                     label, out, cmd = todo.pop(0)
+                    if (out / "summary.json").exists():  # a train.py run by hand there, while the grid waited
+                        done += 1
+                        print(f"[{done}/{len(runs)}] {label}: finished by another process meanwhile: kept", flush=True)
+                        continue
                     out.mkdir(parents=True, exist_ok=True)
+                    cmd = [*cmd, *going_on(out)]
                     log = open(out / "train.out", "a")
                     with signals.hold():  # a signal waits until the new run is among those it is passed on to
-                        running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (
-                            label, out, log, time.time())
+                        running[launch(cmd, log, env)] = (label, out, log, time.time())
                 time.sleep(0.2)
                 for proc in [q for q in running if q.poll() is not None]:
                     label, out, log, t = running.pop(proc)

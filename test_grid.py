@@ -1,15 +1,21 @@
 """LIMe against the baseline over seeds and regimes of the arithmetic task (grid.py)."""
 
+import io
 import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import arithmetic
 import cli
+import conftest
 import grid
 from conftest import PRUNABLE, error_of, snapshot
 
@@ -112,6 +118,36 @@ def test_a_run_that_fails_is_named_whatever_its_output_holds(tmp_path, capsys, t
     assert f"FAILED, exit 1: train.py: error: --resume: {run / 'ckpt.pt'} is empty" in out
 
 
+def test_a_run_finished_by_hand_while_the_grid_waited_for_it_is_kept(tmp_path, capsys, monkeypatch):
+    """A run killed before its first checkpoint is started over (--overwrite), but that is decided as the grid launches
+    it: a train.py run by hand there while the grid trained the one before it, and finished, is kept, not deleted."""
+    args = ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40", "--test-size", "6",
+            "--routers", "lime,none", "--seeds", "1", "--epochs", "0.5", "--jobs", "2", "--out-dir",
+            str(tmp_path / "out"), "--data-root", str(tmp_path / "data"), "--", "--n-layer=2", "--n-embd=16",
+            "--n-head=2", "--n-kv-head=2", "--mlp-hidden=32", "--batch-size=8", "--micro-batch-size=8"]
+    by_hand = tmp_path / "out" / "mod11-answer-operators-2" / "none-seed1"
+    by_hand.mkdir(parents=True)
+    (by_hand / "log.jsonl").write_text('{"step": 1, "loss": 3.2}\n')  # killed before its first checkpoint
+    launched, before = [], {}
+
+    class AndOneByHand(conftest.TrainInThisProcess):  # as the grid trains its first run, the second one is run by hand
+        def __init__(self, cmd, **kwargs):
+            if not launched:
+                hand = [a.replace("lime", "none") for a in cmd] + ["--overwrite"]
+                assert conftest.train_here(hand, io.StringIO()) == 0 and (by_hand / "summary.json").exists()
+                before.update(snapshot(by_hand))
+            launched.append(cmd)
+            super().__init__(cmd, **kwargs)
+
+    monkeypatch.setattr(grid.subprocess, "Popen", AndOneByHand)
+    monkeypatch.setattr(grid.subprocess, "run", conftest.check_here)
+    grid.main(args)
+    out = capsys.readouterr().out
+    assert len(launched) == 1 and "] mod11-answer-operators-2 none seed 1: finished by another process meanwhile: " \
+        "kept" in out
+    assert snapshot(by_hand) == before and "| none |" in out  # its files as it left them, and in the tables
+
+
 def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, train_in_this_process):
     """Two grids with one --out-dir at once started the same runs twice: each a second time once the other's had
     ended (over it), or refused as "in use" with the other run's last line of their shared train.out as its reason.
@@ -171,6 +207,26 @@ def test_modulus_sets_the_mod_field_alone():
     assert tasks["mod7-steps-operators-4-5-6"].modulus == 7
 
 
+@pytest.mark.skipif(grid.LIBC is None, reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_runs_with_it(tmp_path):
+    """kill -9 of the grid: each run it launched gets SIGTERM from the kernel (train.py saves a checkpoint on it), not
+    left training alone, where the grid run again would find it "in use"."""
+    run = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('term'), "
+           "sys.exit(0))); print('ready', flush=True); time.sleep(60)")  # stands in for train.py
+    grid_code = ("import subprocess, sys, grid; p = grid.launch([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+                 "subprocess.PIPE, None); print(p.stdout.readline().decode().strip(), flush=True); p.wait()")
+    the_grid = subprocess.Popen([sys.executable, "-c", grid_code, run, str(tmp_path / "got")], stdout=subprocess.PIPE,
+                                cwd=Path(grid.__file__).parent)
+    assert the_grid.stdout.readline() == b"ready\n"  # its run is running
+    the_grid.kill()
+    the_grid.wait()
+    for _ in range(100):
+        if (tmp_path / "got").exists():
+            break
+        time.sleep(0.1)
+    assert (tmp_path / "got").read_text() == "term"
+
+
 @pytest.mark.parametrize("stop", ["signal", "closed output"])
 def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys, stop):
     """SIGTERM (a scheduler, `kill`) or Ctrl-C: grid.py passes it on to every run (train.py saves a checkpoint) and
@@ -180,7 +236,7 @@ def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, caps
     runs = []
 
     class Training:  # stands in for subprocess.Popen: a run that trains until it is signalled
-        def __init__(self, cmd, stdout, stderr, env):
+        def __init__(self, cmd, stdout, stderr, env, preexec_fn):
             self.returncode, self.signals = None, []
             runs.append(self)
 
