@@ -417,7 +417,7 @@ class Run:
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:  # (a 'state' that is a list, ...)
             raise DataError(f"{where} holds an optimiser state its config does not describe "
                             f"({load_problem(e)})") from None
-        check_optimizer(optimizer, model, where, built)
+        check_optimizer(optimizer, model, where, built, ckpt["step"])
         return ckpt["step"], mask
 
     def check_weights(self):
@@ -676,12 +676,15 @@ def same(value, built):
     return of_kind(value, type(built)) and value == built
 
 
-def check_optimizer(optimizer, model, where, built):
+def check_optimizer(optimizer, model, where, built, step):
     """What load_state_dict takes without a word but AdamW's steps would fail on (a traceback, once the run's folder
     is rewritten) or train on silently: hyperparameters other than `built`, those of the config's groups (a damaged
     lr_scale, maximize=True); moments missing or of another shape than their weight (parameters in another order),
-    not finite, or a second moment below 0; a count of steps that is not finite or below 0 (a division by 0 in the
-    bias correction). A DataError naming `where` (the flag and file), and the weight."""
+    not finite, or a second moment below 0; no moments at all past step 0 (a run would go on with fresh ones); a count
+    of steps that is not finite or below 0 (a division by 0 in the bias correction). A DataError naming `where` (the
+    flag and file), and the weight."""
+    if step > 0 and not optimizer.state:  # (a weight may lack moments, one that never had a gradient; not all of them)
+        raise DataError(f"{where} is damaged: its optimiser state holds no moments, at step {step}")
     names = {p: name for name, p in model.named_parameters()}
     for group, want in zip(optimizer.param_groups, built):
         other = next((k for k, v in want.items() if not same(group.get(k), v)), None)

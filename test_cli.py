@@ -856,6 +856,8 @@ DAMAGED = [
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is inf, not a count of steps")),
     ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=torch.tensor(-1.0))), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is -1.0, not a count of steps")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state={})), resume),
+     1, ("--resume: ", "ckpt.pt is damaged: its optimiser state holds no moments, at step ")),  # (not fresh moments)
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state=[1])), resume),
      1, "ckpt.pt holds an optimiser state its config does not describe ('list' object has no attribute 'items')"),
     ("sample", then(lambda d, r, t: flip_a_bit(r), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
