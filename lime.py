@@ -444,6 +444,8 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.block_size
         head_dim = c.n_embd // c.n_head
+        # NOTE a footgun for forks: modules() yields a module once, so a Linear applied twice per token (weights
+        # shared across layers) counts once here: each further use adds 6 * its weights
         dense = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attention = 12 * c.n_layer * c.n_head * head_dim * T
         routing = sum(6 * r.weights().numel() * (2 if r.keys else 1) * head_dim for r in self.routers if r.layer > 0)
