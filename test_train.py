@@ -51,6 +51,18 @@ def test_tiny_training_lowers_the_loss(arith_dir, tmp_path, capsys):
     assert f", acc_6 {100 * summary['acc_6']:.1f}% (" in printed and f"acc_6 {100 * summary['acc_6']:.1f}%\n" in printed
 
 
+def test_evaluating_changes_nothing_in_training(answer_dir, tmp_path):
+    """A run evaluated at every step (validation loss, greedy generation) trains as one evaluated only at its end: the
+    same losses and weights to the bit. The README's curves rely on it: their runs evaluate 15 times, not 3."""
+    for every in (1, 3):
+        train.main(tiny_args(answer_dir, tmp_path / f"every-{every}", "--max-steps=3", f"--eval-interval={every}"))
+    often, once = tmp_path / "every-1", tmp_path / "every-3"
+    assert [r["step"] for r in read_log(often) if "val_loss" in r] == [1, 2, 3]  # it did evaluate each step
+    assert train_losses(often) == train_losses(once)
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (often, once))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("interrupt", ["stop-at", "ctrl-c", "ctrl-c in an evaluation", "a cut last line"])
 def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatch, capsys, interrupt):
     """Losses, weights and every row of the log, evaluations included, as if the run had not stopped."""
