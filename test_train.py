@@ -222,12 +222,14 @@ def test_flags_come_from_the_config_fields():
         p.parse_args(["--switch=maybe"])
 
 
-def test_help_shows_the_defaults_of_the_preset_given(capsys):
+def test_help_shows_the_defaults_of_the_preset_given(capsys, monkeypatch):
+    monkeypatch.setitem(train.PRESETS, "mine", {})  # a fork's preset: --preset's help lists it too
     with pytest.raises(SystemExit) as e:
         train.main(["--preset=1b", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # as wrapped to any terminal's width
     assert e.value.code == 0 and "--n-layer N_LAYER number of decoder blocks (L) [16]" in out
     assert "--batch-size BATCH_SIZE sequences per optimiser step, over all processes [1024]" in out
+    assert "--preset PRESET named set of defaults: 150m, 1b, deep, arith, prosqa, tiny, mine [1b]" in out
 
 
 def test_param_groups_follow_the_spec():

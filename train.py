@@ -48,7 +48,7 @@ FREE = dict(resume="may change")  # where and how long a session runs: --resume 
 class TrainConfig(runs.EvalConfig):
     """Everything a run is: the model, its data and evaluation (runs.EvalConfig's fields) and how it is trained.
     Each field is a flag."""
-    preset: str = option("150m", "named set of defaults: 150m, 1b, deep, arith, prosqa, tiny")
+    preset: str = option("150m", lambda: f"named set of defaults: {', '.join(PRESETS)}")  # (read once defined)
     out_dir: str = option("", "checkpoints and logs (default out/<preset>-<router>)", path=True, **FREE)
     batch_size: int = option(256, "sequences per optimiser step, over all processes", rule=POSITIVE)
     max_steps: int = option(6000, "length of the run; the learning-rate schedule follows it", rule=POSITIVE, **FREE)
