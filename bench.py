@@ -25,8 +25,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DataError, Parser, UsageError, a_path, atomic_write, autocast_for, fail, file_state,
-                 folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
+from cli import (COMPILE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles, fail,
+                 file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import json
 import re
@@ -332,7 +332,7 @@ def parse_args(argv):
     p.add_argument("--gen-repeats", type=int, default=3, help="generation timings per mode (0: none)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="CUDA autocast dtype (a CPU always runs float32)")
-    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="torch.compile: auto (on for CUDA)")
+    p.add_argument("--compile", default="auto", choices=COMPILE, help="torch.compile: auto (on for CUDA)")
     p.add_argument("--fresh-processes", action="store_true",
                    help="run each mode alone in a fresh process on a CPU too (always so on CUDA or compiled)")
     p.add_argument("--kernels", action="store_true",
@@ -359,7 +359,7 @@ def parse_args(argv):
     models_only = [flag for flag in ("warmup", "gen_tokens", "gen_repeats", "compile", "fresh_processes")
                    if flag in given]
     is_cuda = args.device.startswith("cuda")
-    args.compile = "on" if args.compile == "on" or (args.compile == "auto" and is_cuda) else "off"
+    args.compile = "on" if compiles(args.compile, args.device) else "off"
     args.steps = args.steps if args.steps is not None else 10 if is_cuda else 5
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
     chosen = [flag for flag in ("shape", "routers", "depths", "n_layer", "batch_size", "block_size")

@@ -399,6 +399,14 @@ def pick_device(name):
     return name
 
 
+COMPILE = ("auto", "on", "off")  # --compile's choices: auto is on for CUDA (see compiles)
+
+
+def compiles(choice, device):
+    """Whether --compile=`choice` compiles on `device`: on, or auto on CUDA."""
+    return choice == "on" or (choice == "auto" and device.startswith("cuda"))
+
+
 def autocast_for(device, dtype=None):
     """bf16 autocast if dtype is "bfloat16" (by default on CUDA, as training there uses); else full precision."""
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")

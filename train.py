@@ -19,8 +19,8 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, option, peak_flops, peak_memory,
-                 pick_device, show_metrics, synchronize)
+from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, compiles, option,
+                 peak_flops, peak_memory, pick_device, show_metrics, synchronize)
 
 import json
 import math
@@ -78,7 +78,7 @@ class TrainConfig(runs.EvalConfig):
     device: str = option("auto", DEVICES, **FREE)
     dtype: str = option("auto", "autocast dtype (auto: bfloat16 on CUDA, else float32)",
                         choices=("auto", "bfloat16", "float32"))
-    compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=("auto", "on", "off"), **FREE)
+    compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=COMPILE, **FREE)
     seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
                                 "fresh optimiser)", path=True)
@@ -194,7 +194,7 @@ def train(cfg, run):
         mask = run.router_mask = {name: keep.to(device) for name, keep in mask.items()}
         mask_routers(raw_model, mask, optimizer)
     runs.check_last_step(cfg)  # (a length in epochs is known in steps only now)
-    compiled = cfg.compile == "on" or (cfg.compile == "auto" and device_type == "cuda")
+    compiled = compiles(cfg.compile, device)
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
         model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
