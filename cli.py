@@ -407,10 +407,15 @@ def compiles(choice, device):
     return choice == "on" or (choice == "auto" and device.startswith("cuda"))
 
 
-def autocast_for(device, dtype=None):
-    """bf16 autocast if dtype is "bfloat16" (by default on CUDA, as training there uses); else full precision."""
-    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+def dtype_for(device, choice="auto"):
+    """--dtype's answer on `device`: auto is bfloat16 on CUDA (as training there uses), else float32."""
+    return choice if choice != "auto" else "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def autocast_for(device, dtype="auto"):
+    """bf16 autocast if dtype is (dtype_for) bfloat16; else full precision."""
+    bf16 = dtype_for(device, dtype) == "bfloat16"
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def synchronize(device):

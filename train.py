@@ -19,8 +19,8 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, compiles, option,
-                 peak_flops, peak_memory, pick_device, show_metrics, synchronize)
+from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, compiles, dtype_for,
+                 option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
 
 import json
 import math
@@ -166,7 +166,7 @@ def train(cfg, run):
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     device_type = device.split(":")[0]
     accum = cfg.batch_size // (cfg.micro_batch_size * world)
-    dtype = cfg.dtype if cfg.dtype != "auto" else "bfloat16" if device_type == "cuda" else "float32"
+    dtype = dtype_for(device, cfg.dtype)
     autocast = autocast_for(device, dtype)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
