@@ -25,7 +25,7 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (COMPILE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles, fail,
+from cli import (COMPILE, DEVICES, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles, fail,
                  file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import json
@@ -301,7 +301,10 @@ def add_ratios(results):
     return base["router"]
 
 
-def print_table(results, base, title):
+def report(results, title, profile=False):
+    """The modes' figures with their ratios to `none` (else to the first mode), as a table; with --profile, where
+    each step's time goes too."""
+    base = add_ratios(results)
     print(title)
     ratio, w = f"x {base}", max(9, *(len(x["router"]) for x in results))
     print(f"{'router':>{w}} {'ms/step':>9} {ratio:>9} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {ratio:>9} "
@@ -311,11 +314,13 @@ def print_table(results, base, title):
         gen = f"{x['gen_tokens_per_s']:,.0f}" if x["gen_tokens_per_s"] else "-"
         print(f"{x['router']:>{w}} {x['ms_per_step']:9.1f} {x['step_ratio']:9.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
               f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:9.3f} {gen:>10}")
+    if profile:
+        print_profile(results, base)
 
 
 def parse_args(argv):
     p = Parser(description=__doc__)
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", help=DEVICES)
     p.add_argument("--shape", default=None, help=f"model shape and micro-batch: {', '.join(SHAPES)} "
                                                   "(default: cpu on a CPU, 150m on CUDA)")
     # every method; J its default, or 4
@@ -466,10 +471,7 @@ def run_suite(args, argv, out):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:
             results = [measure_alone(r, shape, args, [*argv, "--shape", shape_name]) for r in what.split(",")]
-            base = add_ratios(results)
-            print_table(results, base, f"{name}: training step (median of {args.steps}) and generation")
-            if args.profile:
-                print_profile(results, base)
+            report(results, f"{name}: training step (median of {args.steps}) and generation", args.profile)
             part = dict(part=name, results=results)
         out["suite"].append(part)
         if args.json:
@@ -503,10 +505,7 @@ def main(argv=None):
                 depth_shape = {**shape, "n_layer": depth}
                 results = [measure_alone(r, depth_shape, args, argv) for r in args.routers] if alone else \
                     measure(args.routers, depth_shape, args, args.device)
-                base = add_ratios(results)
-                print_table(results, base, f"{depth} layers: training step (median of {args.steps}) and generation")
-                if args.profile:
-                    print_profile(results, base)
+                report(results, f"{depth} layers: training step (median of {args.steps}) and generation", args.profile)
                 out["runs"].append(dict(n_layer=depth, results=results))
         except RuntimeError as e:  # a mode's process that failed (its output is above), or torch in this one
             fail("bench.py", f"error: {str(e).splitlines()[0]}", 1)
