@@ -133,7 +133,11 @@ def test_a_run_finished_by_hand_while_the_grid_waited_for_it_is_kept(tmp_path, c
     class AndOneByHand(conftest.TrainInThisProcess):  # as the grid trains its first run, the second one is run by hand
         def __init__(self, cmd, **kwargs):
             if not launched:
-                hand = [a.replace("lime", "none") for a in cmd] + ["--overwrite"]
+                # the grid's command of the other run: its router and folder, nothing else (a path may hold "lime": CI's
+                # python is /tmp/lime-ci-venv/bin/python)
+                other = {"--router=lime": "--router=none",
+                         f"--out-dir={by_hand.parent / 'lime-seed1'}": f"--out-dir={by_hand}"}
+                hand = [other.get(a, a) for a in cmd] + ["--overwrite"]
                 assert conftest.train_here(hand, io.StringIO()) == 0 and (by_hand / "summary.json").exists()
                 before.update(snapshot(by_hand))
             launched.append(cmd)
