@@ -413,7 +413,7 @@ def dtype_for(device, choice="auto"):
 
 
 def autocast_for(device, dtype="auto"):
-    """bf16 autocast if dtype is (dtype_for) bfloat16; else full precision."""
+    """bf16 autocast where dtype_for says bfloat16 (auto: on CUDA); else full precision."""
     bf16 = dtype_for(device, dtype) == "bfloat16"
     return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if bf16 else nullcontext()
 

@@ -81,6 +81,13 @@ def test_autocast_is_bfloat16_on_cuda_unless_told():
     assert (cuda.device, cuda.fast_dtype) == ("cuda", torch.bfloat16)
     assert isinstance(cli.autocast_for("cpu"), contextlib.nullcontext)
     assert cli.autocast_for("cpu", "bfloat16").fast_dtype == torch.bfloat16
+    assert cli.dtype_for("cuda:1") == "bfloat16" and cli.dtype_for("mps") == cli.dtype_for("cpu") == "float32"
+    assert cli.dtype_for("cuda", "float32") == "float32" and cli.dtype_for("cpu", "bfloat16") == "bfloat16"
+
+
+def test_compile_is_on_for_cuda_unless_told():
+    assert cli.compiles("auto", "cuda:1") and not cli.compiles("auto", "cpu") and not cli.compiles("auto", "mps")
+    assert cli.compiles("on", "cpu") and not cli.compiles("off", "cuda")
 
 
 def test_ctrl_c_while_torch_loads_is_one_line():
