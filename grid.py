@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import arithmetic
-from methods import parse_router
+from methods import parse_router, router_forms
 from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
 from tables import by_setting, differences, results_table
 
@@ -92,7 +92,7 @@ def main(argv=None):
     p.add_argument("--modulus", type=int, default=11, help="the prime of the mod field")
     p.add_argument("--train-size", type=int, default=20_000, help="training samples per tier")
     p.add_argument("--test-size", type=int, default=500, help="samples per tier in the test and validation splits")
-    p.add_argument("--routers", default="lime,none", help="comma-separated router modes to compare")
+    p.add_argument("--routers", default="lime,none", help=f"comma-separated router modes to compare: {router_forms()}")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated train.py seeds (weights and data order)")
     p.add_argument("--epochs", type=float, default=2.0, help="training epochs of every run")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,

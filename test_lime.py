@@ -22,7 +22,7 @@ import runs
 import sample
 import train
 from bench import saved_bytes
-from conftest import assert_same_run, perturbed, small_config, small_model, tiny_args, tokens
+from conftest import assert_same_run, error_of, perturbed, small_config, small_model, tiny_args, tokens
 from generation import KVCache, generate
 from lime import GPT, GPTConfig
 
@@ -445,7 +445,7 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     assert not no_w[1].any()
 
 
-@pytest.mark.parametrize("mode", ["lime", "first-2"])
+@pytest.mark.parametrize("mode", ROUTED)  # a fork's router too: CPU runs the kernels interpreted
 def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     pytest.importorskip("triton")
     model, idx = routed_model(mode), tokens()
@@ -793,6 +793,15 @@ def test_a_name_is_one_method():
     assert methods.parse_router("first-2")[0] is First and Base not in methods.registry().values()
 
 
+@pytest.mark.parametrize("name, why", [("gpt-2", "not ending in '-<digits>'"), ("a,b", "no ','"),
+                                       ("hc", "--router=hc would name both baselines.HyperConnections and")])
+def test_a_name_no_command_can_select_alone_is_an_error(scratch_registry, name, why):
+    """'gpt-2' would parse as gpt-J with J 2, 'a,b' as two routers in --routers, and 'hc' would take over hc-J's
+    default (hc-4) in every script: each an error where the class is defined."""
+    with pytest.raises(TypeError, match=re.escape(why)):
+        type("Named", (lime.Residual,), {"name": name})
+
+
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     """Everything the class does not say is derived from what it says, and the scripts' own code
     trains, evaluates, prunes and benchmarks it."""
@@ -1035,6 +1044,34 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
     Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
     with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
         small_model("test-twice-2")
+
+
+def test_a_j_that_a_method_refuses_is_one_line(scratch_registry, answer_dir, tmp_path, capsys):
+    """A ValueError as a method is built (a J it cannot take at this shape) is a bad --router value: one line that
+    names the flag, exit 2, in train.py --dry-run already, with nothing written; a Residual's the same."""
+    class Strict(lime.LIMe):
+        name = "test-strict-J"
+
+        def __init__(self, config, layer, J=None):
+            if J > config.n_layer:
+                raise ValueError(f"J={J} is more than the model's {config.n_layer} layers")
+            super().__init__(config, layer, J)
+
+    class Wide(lime.Residual):
+        name = "test-wide-J"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            if J > config.n_layer:
+                raise ValueError(f"J={J} is more than the model's {config.n_layer} layers")
+
+    assert error_of(train.main, tiny_args(answer_dir, tmp_path / "run", "--router=test-strict-3", "--dry-run"),
+                    capsys) == "train.py: error: --router=test-strict-3: J=3 is more than the model's 2 layers"
+    assert not (tmp_path / "run").exists()
+    assert error_of(train.main, tiny_args(answer_dir, tmp_path / "run", "--router=test-wide-3", "--dry-run"),
+                    capsys) == "train.py: error: --router=test-wide-3: J=3 is more than the model's 2 layers"
+    assert not (tmp_path / "run").exists()
+    assert small_model("test-strict-2").routers[-1].sources == list(range(6))  # (6 layers: a J it takes)
 
 
 def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
