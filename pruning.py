@@ -44,7 +44,7 @@ def prunable(router):
 def prunable_forms():
     """What top-p pruning applies to, as the error messages say it."""
     forms = router_forms(prunable)
-    return f"routers whose weights are a learned Parameter, the same at every token ({forms})"
+    return f"routers whose weights() is a learned Parameter itself, the same at every token ({forms})"
 
 
 def prunable_routers(model):

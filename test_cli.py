@@ -450,7 +450,7 @@ BAD_INPUTS = [
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "--router-top-p applies to routers whose "
-     "weights are a learned Parameter, the same at every token"),
+     "weights() is a learned Parameter itself, the same at every token"),
     ("train", train_args("--router=hc", "--router-top-p=0.9"), 2, f"the same at every token ({PRUNABLE}), "
      "not --router=hc"),
     ("train", train_args("--router-top-p=0.9", "--prune-at=12"), 2, "--prune-at=12 is not before the last step"),

@@ -183,7 +183,7 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, t
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
     (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p applies to "
-     f"routers whose weights are a learned Parameter, the same at every token ({PRUNABLE}), not --router=none"),
+     f"routers whose weights() is a learned Parameter itself, the same at every token ({PRUNABLE}), not --router=none"),
     # (each router's flags are checked)
 ])
 def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):

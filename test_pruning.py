@@ -35,8 +35,8 @@ def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
         assert torch.equal(p, expected), name
     assert [r for r in PRUNABLE.replace(" or ", ", ").split(", ") if r in ("lime", "last-J", "first-J")] == [
         "lime", "last-J", "first-J"]  # (a fork's own may be among them)
-    with pytest.raises(cli.UsageError, match=re.escape("top-p pruning applies to routers whose weights are a learned "
-                                                       f"Parameter, the same at every token ({PRUNABLE}), "
+    with pytest.raises(cli.UsageError, match=re.escape("top-p pruning applies to routers whose weights() is a learned "
+                                                       f"Parameter itself, the same at every token ({PRUNABLE}), "
                                                        "not router='dynamic'")):
         pruning.prune_routers(small_model("dynamic"), 0.9)
 
