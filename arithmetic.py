@@ -308,7 +308,7 @@ def generate(task, seed, train_size, test_size):
                     seen.add(line.split(" = ")[0])
                     lines.append(line)
                 elif tries > 100 * test_size:
-                    raise DataError(f"tier {n} has too few distinct expressions for {test_size} unseen ones: "
+                    raise UsageError(f"tier {n} has too few distinct expressions for {test_size} unseen ones: "
                                     f"lower --test-size or --train-size")
             out[f"{split}_{n}"] = lines
     return out

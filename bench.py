@@ -407,6 +407,8 @@ def parse_args(argv):
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
+              (max([shape["n_layer"], shape["batch_size"], shape["block_size"], *args.depths]) < 2**31,
+               "--n-layer, --batch-size, --block-size and --depths must be at most 2**31 - 1"),
               (args.kernels or args.gen_repeats == 0
                or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
                f"--gen-tokens={args.gen_tokens} does not fit after a prompt of half the block of "

@@ -137,6 +137,12 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         if str(e).startswith("Symlink loop from "):  # Path.resolve() before Python 3.13, on a path given or read
             fail(script, f"error: cannot follow {str(e).removeprefix('Symlink loop from ')}: a symbolic link on the "
                          "way leads back to itself", 1)
+        # torch.compile needs a C compiler (inductor's C++, Triton's launcher), which slim images lack; any other
+        # failure of the compiler stays a traceback: a bug (a fork's method, say) to see
+        no_compiler = re.search(r"InvalidCxxCompiler|No working C\+\+ compiler|Failed to find C compiler", str(e))
+        if no_compiler:
+            fail(script, f"error: torch.compile found no C compiler ({no_compiler[0]}): install gcc, or give "
+                         "--compile=off to run without it", 1)
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
             raise  # any other RuntimeError is a fault to see
         fail(script, f"error: out of memory ({' '.join(str(e).split())}): a smaller --micro-batch-size, --block-size "
@@ -198,6 +204,7 @@ def option(default, help, **rules):
 POSITIVE = ("positive", lambda x: 0 < x < float("inf"))  # (written so that a NaN fails too, and infinity)
 NON_NEGATIVE = (">= 0", lambda x: 0 <= x < float("inf"))
 SEED = ("in 0 .. 2**63 - 1", lambda x: 0 <= x < 2**63)  # what torch.manual_seed and numpy both take
+SIZE = ("in 1 .. 2**31 - 1", lambda x: 0 < x < 2**31)  # a dimension torch can hold: a typo of 20 digits is one line
 
 
 def check_fields(config, name=str):

@@ -36,20 +36,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
-from cli import POSITIVE, check_fields, option
+from cli import POSITIVE, SIZE, check_fields, option
 from methods import Method, check_registered, check_router, parse_router, require_initialised, router_forms
 
 
 @dataclass
 class GPTConfig:
-    block_size: int = option(2048, "longest sequence; sizes the RoPE table and the KV cache", rule=POSITIVE)
+    block_size: int = option(2048, "longest sequence; sizes the RoPE table and the KV cache", rule=SIZE)
     vocab_size: int = option(50304, "vocabulary size (GPT-2's 50257 padded up to a multiple of 64 for speed)",
-                             rule=POSITIVE)
-    n_layer: int = option(12, "number of decoder blocks (L)", rule=POSITIVE)
-    n_head: int = option(12, "query heads per layer", rule=POSITIVE)
-    n_kv_head: int = option(12, "key/value heads per layer; divides n_head (fewer = GQA)", rule=POSITIVE)
-    n_embd: int = option(768, "residual stream width (d)", rule=POSITIVE)
-    mlp_hidden: int = option(3072, "SwiGLU hidden width", rule=POSITIVE)
+                             rule=SIZE)
+    n_layer: int = option(12, "number of decoder blocks (L)", rule=SIZE)
+    n_head: int = option(12, "query heads per layer", rule=SIZE)
+    n_kv_head: int = option(12, "key/value heads per layer; divides n_head (fewer = GQA)", rule=SIZE)
+    n_embd: int = option(768, "residual stream width (d)", rule=SIZE)
+    mlp_hidden: int = option(3072, "SwiGLU hidden width", rule=SIZE)
     # a help that is a function is read late, once every router (a fork's too) is defined
     router: str = option("lime", lambda: f"cross-layer method, a router or a baseline: {router_forms()}")
     rope_theta: float = option(10000.0, "RoPE base frequency", rule=POSITIVE)

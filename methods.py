@@ -115,6 +115,8 @@ def parse_router(spec):
                if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
+    if J is not None and J >= 2**31:  # (a size torch cannot hold: an OverflowError deep in torch)
+        raise ValueError(f"router {spec!r}: J={J} is too large (at most {2**31 - 1})")
     return known[name], J
 
 

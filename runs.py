@@ -583,6 +583,8 @@ def read_checkpoint(out_dir):
         raise DataError(f"{path} is empty (cut short while it was written?)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:  # not the file's contents: this user may not read it, or it is a folder
+        raise DataError(f"{path} cannot be read ({e.strerror or type(e).__name__})") from None
     except Exception as e:
         raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None
     try:  # torch.load checks none of the checksums torch.save writes: a byte changed in a weight would load silently

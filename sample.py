@@ -19,6 +19,7 @@ from cli import (DEVICES, SEED, DataError, Parser, UsageError, a_path, autocast_
                  show_metrics, synchronize)
 
 import random
+import re
 import time
 from pathlib import Path
 
@@ -49,7 +50,8 @@ class Codec:
 
     def encode(self, text):
         if self.arithmetic:
-            text = text.strip().removesuffix("=").strip()
+            # tokens as the task writes them, spaced: '(7+5)/3' reads as '( 7 + 5 ) / 3', not as one odd "number"
+            text = " ".join(re.findall(r"\d+|<eos>|\S", text.strip().removesuffix("=").strip()))
             try:  # a clear error for anything that is not a task expression
                 self.task.parse(text)
                 return self.vocab.encode(text + " =")
@@ -92,7 +94,7 @@ def prompts(args, codec, n):
             raise DataError(f"--start {args.start}: not UTF-8 text") from None
     if not text.strip():
         raise UsageError("--start is empty: give some text (or leave it out)")
-    return [text] * (1 if args.temperature == 0 else n)  # greedy: n samples would be n copies of one
+    return (text for _ in range(1 if args.temperature == 0 else n))  # greedy: n samples would be n copies of one
 
 
 def samples(model, codec, args, device, autocast):

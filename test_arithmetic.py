@@ -483,7 +483,7 @@ def test_no_expression_is_scored_twice_even_where_there_are_few():
     data = arithmetic.generate(task, seed=0, train_size=5, test_size=10)
     scored = [line.split(" = ")[0] for split in ("test_1", "val_1") for line in data[split]]
     assert len(set(scored)) == len(scored) == 20 and not set(scored) & {l.split(" = ")[0] for l in data["train"]}
-    with pytest.raises(DataError, match="tier 1 has too few distinct expressions for 30 unseen ones"):
+    with pytest.raises(UsageError, match="tier 1 has too few distinct expressions for 30 unseen ones"):
         arithmetic.generate(task, seed=0, train_size=5, test_size=30)
 
 

@@ -310,6 +310,22 @@ def test_out_of_memory_is_one_line(capsys, error, says):
         raise RuntimeError("a fault")
 
 
+def test_a_compiler_torch_compile_lacks_is_one_line(capsys):
+    """torch.compile on a machine without gcc (slim images): what to do, in one line; any other failure of the
+    compiler stays a traceback, a bug to see. The message is the first line of inductor's, with `PATH` emptied
+    (train.py --compile on, where a --compile=off run trains)."""
+    from torch._inductor.exc import InductorError
+    missing = InductorError(RuntimeError("InvalidCxxCompiler: No working C++ compiler found in "
+                                         "torch._inductor.config.cpp.cxx: (None, 'g++')"), "")
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
+        raise missing
+    assert e.value.code == 1 and capsys.readouterr().err == ("train.py: error: torch.compile found no C compiler "
+                                                             "(InvalidCxxCompiler): install gcc, or give --compile=off "
+                                                             "to run without it\n")
+    with pytest.raises(InductorError), cli.one_line_errors("train.py"):
+        raise InductorError(NotImplementedError("an op it cannot lower"), "")
+
+
 def test_every_config_train_saves_is_read_back():
     """The checks a saved config is read back with (runs.check_config: sample.py and analyze.py read EvalConfig's
     fields, --resume TrainConfig's) pass every config train.py saves, of every preset."""
@@ -333,10 +349,13 @@ BAD_INPUTS = [
     ("train", train_args("--grad-clip=inf"), 2, "--grad-clip must be finite, got inf"),
     ("train", train_args("--lr=inf"), 2, "--lr must be finite, got inf"),
     ("train", train_args("--min-lr=-inf"), 2, "--min-lr must be finite, got -inf"),
-    ("train", train_args("--n-embd=0"), 2, "--n-embd must be positive, got 0"),
-    ("train", train_args("--n-head=0"), 2, "--n-head must be positive, got 0"),
-    ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be positive, got 0"),
-    ("train", train_args("--n-layer=0"), 2, "--n-layer must be positive, got 0"),
+    ("train", train_args("--n-embd=0"), 2, "--n-embd must be in 1 .. 2**31 - 1, got 0"),
+    ("train", train_args("--n-head=0"), 2, "--n-head must be in 1 .. 2**31 - 1, got 0"),
+    ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be in 1 .. 2**31 - 1, got 0"),
+    ("train", train_args("--n-layer=0"), 2, "--n-layer must be in 1 .. 2**31 - 1, got 0"),
+    ("train", train_args("--block-size=99999999999999999999"), 2,  # (a typo, not an OverflowError from inside torch)
+     "--block-size must be in 1 .. 2**31 - 1, got 99999999999999999999"),
+    ("train", train_args("--router=last-99999999999999999999"), 2, "J=99999999999999999999 is too large"),
     ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
     ("train", train_args("--device=mps"), 2, "--device=mps: MPS is not available on this machine"),
     ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),
@@ -649,6 +668,8 @@ DAMAGED = [
      "--vocab-size=1024 is smaller than the shakespeare vocabulary (at least 2001): give --vocab-size=50304"),
     ("sample", then(lambda d, r, t: write(r / "ckpt.pt", b""), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is empty"),
+    ("sample", then(lambda d, r, t: (r / "ckpt.pt").unlink() or (r / "ckpt.pt").mkdir(),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt cannot be read (Is a directory)"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      'ckpt.pt holds a model its config does not describe (Missing key(s) in state_dict: "transformer.h.2.'),

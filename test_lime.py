@@ -632,9 +632,10 @@ def test_bad_shapes():
         GPTConfig(n_kv_head=5)
     with pytest.raises(ValueError, match="n_embd=100"):
         GPTConfig(n_embd=100)
-    for field in ("n_layer", "n_head", "n_kv_head", "n_embd"):
-        with pytest.raises(ValueError, match=f"{field} must be positive, got 0"):
-            GPTConfig(**{field: 0})
+    for field in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "mlp_hidden"):
+        for bad in (0, 2**31):  # (a size torch cannot hold in a dimension: an OverflowError deep inside torch)
+            with pytest.raises(ValueError, match=re.escape(f"{field} must be in 1 .. 2**31 - 1, got {bad}")):
+                GPTConfig(**{field: bad})
 
 
 def test_150m_parameter_count_and_flops():

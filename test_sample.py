@@ -33,6 +33,12 @@ def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
     assert ["warm-up" in l for l in lines] == [True, False, False, False] * 2  # the first speed of a call says so
 
 
+def test_an_expression_is_read_with_or_without_spaces(arith_run):
+    """--start in the task's tokens, however spaced: '(7+5)/3' is '( 7 + 5 ) / 3', not one odd number."""
+    spaced = sample.main(["--out-dir", str(arith_run), "--start", "( 7 + 5 ) / 3"])
+    assert sample.main(["--out-dir", str(arith_run), "--start", "(7+5)/3="]) == spaced and len(spaced) == 1
+
+
 def test_a_run_trained_on_answers_alone_generates_the_answer_alone(whole_run, capsys):
     """--target answer: one token after '=', the only one such a run learned to write (no <eos> after it, nor more)."""
     vocab = arithmetic.load(json.loads((whole_run / "config.json").read_text())["data_dir"])[0]
