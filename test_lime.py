@@ -282,7 +282,7 @@ def test_a_router_pulled_at_some_layers_only_still_pushes_to_the_others():
         torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("mode", ["lime", "last-2", "dynamic"])
+@pytest.mark.parametrize("mode", ROUTED)  # (a fork's router too)
 def test_backward_from_an_inner_block(mode):
     """Backward from block 2 of 6: the routed K/V pushed to later layers get no gradient."""
     model, idx = routed_model(mode), tokens()
