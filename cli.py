@@ -141,12 +141,13 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         # failure of the compiler stays a traceback: a bug (a fork's method, say) to see
         no_compiler = re.search(r"InvalidCxxCompiler|No working C\+\+ compiler|Failed to find C compiler", str(e))
         if no_compiler:
-            fail(script, f"error: torch.compile found no C compiler ({no_compiler[0]}): install gcc, or give "
-                         "--compile=off to run without it", 1)
+            fail(script, f"error: no C compiler ({no_compiler[0]}), which torch.compile and the Triton kernels need: "
+                         "install gcc, or give --compile=off (and on CUDA set LIME_TRITON=0) to run without it", 1)
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
             raise  # any other RuntimeError is a fault to see
-        fail(script, f"error: out of memory ({' '.join(str(e).split())}): a smaller --micro-batch-size, --block-size "
-                     "or model needs less", 1)
+        out_of_memory(script, e)
+    except MemoryError as e:  # numpy's or Python's own (a batch of rows too large to draw)
+        out_of_memory(script, e)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
@@ -160,6 +161,11 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         if own and script == SCRIPT:  # the script is done (not a main() that another program of ours calls): Python
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # takes 0.3 s to shut down, where a Ctrl-C printed a traceback
         signal.signal(signal.SIGTERM, term)  # as it was: main() may run again, in a test or a notebook
+
+
+def out_of_memory(script, e):
+    fail(script, f"error: out of memory ({' '.join(str(e).split()) or type(e).__name__}): a smaller "
+                 "--micro-batch-size, --block-size or model needs less", 1)
 
 
 def stdout_closed():

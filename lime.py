@@ -171,7 +171,7 @@ def make_router(config, layer):
     cls, J = parse_router(config.router)
     if cls is Own or not issubclass(cls, Router):
         return None
-    router = cls.build(config, layer, J) if layer > 0 else Own(config, layer)
+    router = cls(config, layer, J) if layer > 0 else Own(config, layer)
     check_router(router, config.n_embd, J)  # NOTE else a fork's weights with a source too many would train silently
     return router
 
@@ -339,7 +339,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
         method, J = parse_router(config.router)
-        self.residual = method.build(config, J) if issubclass(method, Residual) else Residual()
+        self.residual = method(config, J) if issubclass(method, Residual) else Residual()
         # every layer's router, or none at all; a plain list (the modules are registered in their blocks)
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
         self.readers = Routing.push_targets(self.routers)  # once: the routers do not change

@@ -18,8 +18,6 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from cli import UsageError
-
 ROUTERS = {}  # --router name -> class, in the order they are defined (read it through registry())
 MODULES = ("lime", "ablations", "baselines")  # where the methods are defined
 
@@ -55,11 +53,13 @@ class Method(nn.Module):
             # an error here, not a name listed in every --help that no command reaches, nor one that silently
             # takes over another method's command line
             stem = cls.name.removesuffix("-J")
-            if not re.fullmatch(r"[a-z0-9][a-z0-9_.+-]*", stem) or re.search(r"-[0-9]+$", stem):
-                raise TypeError(f"{cls.__qualname__}.name = {cls.name!r}: a --router name is lowercase letters, "
-                                "digits, '_', '.', '+' and '-' (no ',', '/' or space), not ending in '-<digits>'")
-            other = stem if cls.name.endswith("-J") else f"{cls.name}-J"
-            clash = ROUTERS.get(other) if cls.J or getattr(ROUTERS.get(other), "J", None) else None
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", stem) or re.search(r"-[0-9]+$", stem):
+                raise TypeError(f"{cls.__qualname__}.name = {cls.name!r}: a --router name is letters, digits, '_', "
+                                "'.', '+' and '-' (no ',', '/' or space), not ending in '-<digits>'")
+            takes_j = cls.name.endswith("-J")
+            other = stem if takes_j else f"{cls.name}-J"
+            # (a default J clashes only on a name that takes one: a plain name's inherited J is never read)
+            clash = ROUTERS.get(other) if (takes_j and cls.J) or getattr(ROUTERS.get(other), "J", None) else None
             if clash is not None and (clash.__module__, clash.__qualname__) != (cls.__module__, cls.__qualname__):
                 raise TypeError(f"--router={stem} would name both {clash.__module__}.{clash.__qualname__} and "
                                 f"{cls.__module__}.{cls.__qualname__}; rename one")
@@ -69,17 +69,6 @@ class Method(nn.Module):
                 raise TypeError(f"two methods are named {cls.name!r}: {held.__module__}.{held.__qualname__} and "
                                 f"{'.'.join(where)}; rename one")
             ROUTERS[cls.name] = cls
-
-    @classmethod
-    def build(cls, config, *args):
-        """cls(config, *args), the method that --router=config.router names. A ValueError as it is built (a J that
-        it refuses at this shape, say) is a bad --router value: one line in every script, not a traceback."""
-        try:
-            return cls(config, *args)
-        except UsageError:
-            raise
-        except ValueError as e:
-            raise UsageError(f"--router={config.router}: {e}") from e
 
     @classmethod
     def probe(cls):

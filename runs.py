@@ -28,7 +28,7 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
+from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
                  file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option, pick_device,
                  read_json, same_folder)
 from data import TaskRows, TokenData
@@ -49,7 +49,7 @@ class EvalConfig(GPTConfig):
     data: str = option("fineweb-edu", "dataset", choices=tuple(DATASETS))
     data_dir: str = option("", "where the dataset is (default data/<data>)", path=True)
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
-                                   rule=POSITIVE)
+                                   rule=SIZE)
     eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
                               rule=POSITIVE, data=TokenData)
     eval_samples: int = option(1000, "tasks: samples per tier scored (test, validation); prosqa: test questions",
@@ -579,7 +579,7 @@ def read_checkpoint(out_dir):
     path = Path(out_dir) / "ckpt.pt"
     if not path.exists():
         raise DataError(f"no checkpoint at {path}")
-    if not path.stat().st_size:
+    if path.is_file() and not path.stat().st_size:  # (a folder's size is 0 on some file systems, btrfs's)
         raise DataError(f"{path} is empty (cut short while it was written?)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)

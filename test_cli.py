@@ -27,6 +27,7 @@ import arithmetic
 import bench
 import cli
 import grid
+import methods
 import prepare_data
 import runs
 import sample
@@ -129,7 +130,7 @@ def test_no_script_imports_another():
 
 
 
-def test_help_gives_each_flags_default(capsys):
+def test_help_gives_each_flags_default(capsys, monkeypatch):
     """--help (cli.Help; train.py's flags from its config): a flag's default after its help, '[3]', where it has one
     and its help does not say it ('(default: ...)'): not '[None]', '[False]' or an empty '[]'."""
     p = cli.Parser(prog="x.py")
@@ -146,6 +147,11 @@ def test_help_gives_each_flags_default(capsys):
         in text and "--lr LR peak learning rate [0.001]" in text
     assert "--out-dir OUT_DIR checkpoints and logs (default out/<preset>-<router>) --batch-size" in text
     assert "fresh optimiser) --data DATA dataset [fineweb-edu]" in text
+    monkeypatch.setenv("COLUMNS", "10000")  # (no line to wrap: argparse would break a name at its hyphen)
+    for main in (train.main, grid.main):  # the methods, a fork's too (bench.py's default lists them all)
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert f": {methods.router_forms()}" in capsys.readouterr().out, main.__module__
 
 def test_a_folder_that_cannot_be_written_is_refused_before_anything_is(arith_dir, tmp_path, capsys, monkeypatch):
     """An --out-dir inside a folder this user may not write in: one line naming that folder, not a PermissionError
@@ -299,7 +305,8 @@ def test_ctrl_c_once_a_script_is_done_is_ignored(monkeypatch):
                             "expandable_segments:True to avoid fragmentation."), "try setting PYTORCH_CUDA_ALLOC_CONF="
                                                                                  "expandable_segments:True to avoid"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
-                  "to allocate 8000000000000 bytes."), "DefaultCPUAllocator: can't allocate memory")])
+                  "to allocate 8000000000000 bytes."), "DefaultCPUAllocator: can't allocate memory"),
+    (MemoryError(), "(MemoryError)")])  # (numpy's, drawing a batch of rows, may say nothing more)
 def test_out_of_memory_is_one_line(capsys, error, says):
     with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
         raise error
@@ -319,9 +326,14 @@ def test_a_compiler_torch_compile_lacks_is_one_line(capsys):
                                          "torch._inductor.config.cpp.cxx: (None, 'g++')"), "")
     with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
         raise missing
-    assert e.value.code == 1 and capsys.readouterr().err == ("train.py: error: torch.compile found no C compiler "
-                                                             "(InvalidCxxCompiler): install gcc, or give --compile=off "
-                                                             "to run without it\n")
+    assert e.value.code == 1 and capsys.readouterr().err == (
+        "train.py: error: no C compiler (InvalidCxxCompiler), which torch.compile and the Triton kernels need: install "
+        "gcc, or give --compile=off (and on CUDA set LIME_TRITON=0) to run without it\n")
+    # Triton's own, at the first launch of kernels.py's kernels on CUDA: --compile=off alone does not avoid it
+    with pytest.raises(SystemExit), cli.one_line_errors("train.py"):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable or set "
+                           "triton.knobs.build.impl.")
+    assert "LIME_TRITON=0" in capsys.readouterr().err
     with pytest.raises(InductorError), cli.one_line_errors("train.py"):
         raise InductorError(NotImplementedError("an op it cannot lower"), "")
 
@@ -353,6 +365,8 @@ BAD_INPUTS = [
     ("train", train_args("--n-head=0"), 2, "--n-head must be in 1 .. 2**31 - 1, got 0"),
     ("train", train_args("--n-kv-head=0"), 2, "--n-kv-head must be in 1 .. 2**31 - 1, got 0"),
     ("train", train_args("--n-layer=0"), 2, "--n-layer must be in 1 .. 2**31 - 1, got 0"),
+    ("train", train_args("--batch-size=4294967296", "--micro-batch-size=4294967296"), 2,
+     "--micro-batch-size must be in 1 .. 2**31 - 1, got 4294967296"),
     ("train", train_args("--block-size=99999999999999999999"), 2,  # (a typo, not an OverflowError from inside torch)
      "--block-size must be in 1 .. 2**31 - 1, got 99999999999999999999"),
     ("train", train_args("--router=last-99999999999999999999"), 2, "J=99999999999999999999 is too large"),
@@ -695,7 +709,7 @@ DAMAGED = [
     ("analyze", then(hand_edit(task={"field": "real"}), lambda d, r, t: ["entropy", "--out-dir", str(r)]), 1,
      "ckpt.pt: in its saved config, task: field must be int or mod, got 'real'"),
     ("analyze", then(hand_edit(micro_batch_size=0), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]),
-     1, "ckpt.pt: in its saved config, micro_batch_size must be positive, got 0"),
+     1, "ckpt.pt: in its saved config, micro_batch_size must be in 1 .. 2**31 - 1, got 0"),
     ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
      ("--resume: ", "ckpt.pt is not of the run that ", "config.json describes: it has seed 7 (config.json: ")),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"]["transformer.h.0.mlp.c_fc.weight"].fill_(
@@ -785,6 +799,8 @@ DAMAGED = [
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is not a file"),  # a folder
+    ("bench", lambda d, r, t: ["--device", "cpu", "--block-size=99999999999999999999"], 2,
+     "--n-layer, --batch-size, --block-size and --depths must be at most 2**31 - 1"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", "/dev/null", "--overwrite"], 2,
      "--json=/dev/null: /dev/null is not a file"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,

@@ -14,6 +14,7 @@ import torch
 import ablations
 import analyze
 import bench
+import cli
 import kernels
 import lime
 import methods
@@ -1048,14 +1049,14 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
 
 
 def test_a_j_that_a_method_refuses_is_one_line(scratch_registry, answer_dir, tmp_path, capsys):
-    """A ValueError as a method is built (a J it cannot take at this shape) is a bad --router value: one line that
-    names the flag, exit 2, in train.py --dry-run already, with nothing written; a Residual's the same."""
+    """A J a method cannot take at this shape: a cli.UsageError as it is built, one line, exit 2, in train.py --dry-run
+    already, with nothing written; a Residual's the same. Any other exception there is a bug: its traceback stays."""
     class Strict(lime.LIMe):
         name = "test-strict-J"
 
         def __init__(self, config, layer, J=None):
             if J > config.n_layer:
-                raise ValueError(f"J={J} is more than the model's {config.n_layer} layers")
+                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's {config.n_layer} layers")
             super().__init__(config, layer, J)
 
     class Wide(lime.Residual):
@@ -1064,15 +1065,33 @@ def test_a_j_that_a_method_refuses_is_one_line(scratch_registry, answer_dir, tmp
         def __init__(self, config=None, J=None):
             super().__init__()
             if J > config.n_layer:
-                raise ValueError(f"J={J} is more than the model's {config.n_layer} layers")
+                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's {config.n_layer} layers")
 
-    assert error_of(train.main, tiny_args(answer_dir, tmp_path / "run", "--router=test-strict-3", "--dry-run"),
-                    capsys) == "train.py: error: --router=test-strict-3: J=3 is more than the model's 2 layers"
-    assert not (tmp_path / "run").exists()
-    assert error_of(train.main, tiny_args(answer_dir, tmp_path / "run", "--router=test-wide-3", "--dry-run"),
-                    capsys) == "train.py: error: --router=test-wide-3: J=3 is more than the model's 2 layers"
-    assert not (tmp_path / "run").exists()
+    class Buggy(lime.LIMe):
+        name = "test-buggy"
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            torch.nn.init.kaiming_uniform_(torch.nn.Parameter(torch.empty(self.n_kv)))  # (a ValueError inside torch)
+
+    for name in ("test-strict-3", "test-wide-3"):
+        assert error_of(train.main, tiny_args(answer_dir, tmp_path / "run", f"--router={name}", "--dry-run"),
+                        capsys) == f"train.py: error: --router={name}: J=3 is more than the model's 2 layers"
+        assert not (tmp_path / "run").exists()
     assert small_model("test-strict-2").routers[-1].sources == list(range(6))  # (6 layers: a J it takes)
+    with pytest.raises(ValueError, match="Fan in and fan out") as e:
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--router=test-buggy", "--dry-run"))
+    assert not isinstance(e.value, cli.UsageError)
+
+
+def test_a_name_any_command_selects_is_taken(scratch_registry):
+    """--router=MUDD selects a class named 'MUDD' (parse_router matches names exactly), so the name rule takes it;
+    a plain name whose class inherits a default J ('foo', from hc-J) is no clash with a 'foo-J' that has none."""
+    mudd = type("Mudd", (lime.LIMe,), {"name": "MUDD"})
+    assert methods.parse_router("MUDD") == (mudd, None)
+    foo_j = type("FooJ", (lime.LIMe,), {"name": "test-foo-J"})
+    foo = type("Foo", (lime.LIMe,), {"name": "test-foo", "J": 4})
+    assert methods.parse_router("test-foo") == (foo, None) and methods.parse_router("test-foo-3") == (foo_j, 3)
 
 
 def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):

@@ -1,5 +1,6 @@
 """Generation and evaluation from a checkpoint (sample.py)."""
 
+import argparse
 import json
 import os
 import re
@@ -31,6 +32,12 @@ def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
     lines = [l for l in capsys.readouterr().out.splitlines() if "tokens/s" in l]
     assert len(lines) == 8 and all(("[right]" in l) or ("[wrong, the answer is" in l) for l in lines)
     assert ["warm-up" in l for l in lines] == [True, False, False, False] * 2  # the first speed of a call says so
+
+
+def test_a_huge_num_samples_draws_its_prompts_lazily():
+    """--num-samples past what a list holds: the prompts come one at a time (a list of them was an OverflowError)."""
+    drawn = sample.prompts(argparse.Namespace(start="3 + 4", temperature=1.0), None, 99999999999999999999)
+    assert next(drawn) == "3 + 4"
 
 
 def test_an_expression_is_read_with_or_without_spaces(arith_run):

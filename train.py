@@ -19,8 +19,8 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, autocast_for, check_fields, compiles, dtype_for,
-                 option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
+from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, SIZE, autocast_for, check_fields, compiles,
+                 dtype_for, option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
 
 import json
 import math
@@ -50,7 +50,7 @@ class TrainConfig(runs.EvalConfig):
     Each field is a flag."""
     preset: str = option("150m", lambda: f"named set of defaults: {', '.join(PRESETS)}")  # (read once defined)
     out_dir: str = option("", "checkpoints and logs (default out/<preset>-<router>)", path=True, **FREE)
-    batch_size: int = option(256, "sequences per optimiser step, over all processes", rule=POSITIVE)
+    batch_size: int = option(256, "sequences per optimiser step, over all processes", rule=SIZE)
     max_steps: int = option(6000, "length of the run; the learning-rate schedule follows it", rule=POSITIVE, **FREE)
     epochs: float = option(0.0, "tasks: if > 0, sets max_steps to this many epochs (of len(train) samples); "
                                 "a --max-steps given instead overrides a preset's", rule=NON_NEGATIVE, data=TaskRows)
