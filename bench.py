@@ -25,8 +25,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (COMPILE, DEVICES, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles, fail,
-                 file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
+from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles,
+                 fail, file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import json
 import re
@@ -407,8 +407,8 @@ def parse_args(argv):
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
-              (max([shape["n_layer"], shape["batch_size"], shape["block_size"], *args.depths]) < 2**31,
-               "--n-layer, --batch-size, --block-size and --depths must be at most 2**31 - 1"),
+              (all(SIZE[1](n) for n in [shape["n_layer"], shape["batch_size"], shape["block_size"], *args.depths]),
+               f"--n-layer, --batch-size, --block-size and --depths must be {SIZE[0]}"),
               (args.kernels or args.gen_repeats == 0
                or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
                f"--gen-tokens={args.gen_tokens} does not fit after a prompt of half the block of "

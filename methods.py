@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from cli import SIZE
+
 ROUTERS = {}  # --router name -> class, in the order they are defined (read it through registry())
 MODULES = ("lime", "ablations", "baselines")  # where the methods are defined
 
@@ -104,8 +106,8 @@ def parse_router(spec):
                if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
-    if J is not None and J >= 2**31:  # (a size torch cannot hold: an OverflowError deep in torch)
-        raise ValueError(f"router {spec!r}: J={J} is too large (at most {2**31 - 1})")
+    if J is not None and not SIZE[1](J):  # (a size torch cannot hold: an OverflowError deep in torch)
+        raise ValueError(f"router {spec!r}: J must be {SIZE[0]}, got {J}")
     return known[name], J
 
 

@@ -51,7 +51,7 @@ class Codec:
     def encode(self, text):
         if self.arithmetic:
             # tokens as the task writes them, spaced: '(7+5)/3' reads as '( 7 + 5 ) / 3', not as one odd "number"
-            text = " ".join(re.findall(r"\d+|<eos>|\S", text.strip().removesuffix("=").strip()))
+            text = " ".join(re.findall(r"\d+|<eos>|\S", text.strip().removesuffix("=")))
             try:  # a clear error for anything that is not a task expression
                 self.task.parse(text)
                 return self.vocab.encode(text + " =")

@@ -369,7 +369,8 @@ BAD_INPUTS = [
      "--micro-batch-size must be in 1 .. 2**31 - 1, got 4294967296"),
     ("train", train_args("--block-size=99999999999999999999"), 2,  # (a typo, not an OverflowError from inside torch)
      "--block-size must be in 1 .. 2**31 - 1, got 99999999999999999999"),
-    ("train", train_args("--router=last-99999999999999999999"), 2, "J=99999999999999999999 is too large"),
+    ("train", train_args("--router=last-99999999999999999999"), 2,
+     "router 'last-99999999999999999999': J must be in 1 .. 2**31 - 1, got 99999999999999999999"),
     ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
     ("train", train_args("--device=mps"), 2, "--device=mps: MPS is not available on this machine"),
     ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),
@@ -800,7 +801,7 @@ DAMAGED = [
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is not a file"),  # a folder
     ("bench", lambda d, r, t: ["--device", "cpu", "--block-size=99999999999999999999"], 2,
-     "--n-layer, --batch-size, --block-size and --depths must be at most 2**31 - 1"),
+     "--n-layer, --batch-size, --block-size and --depths must be in 1 .. 2**31 - 1"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", "/dev/null", "--overwrite"], 2,
      "--json=/dev/null: /dev/null is not a file"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,
