@@ -1,6 +1,6 @@
 """What the test files share: small models, a local file server, tiny training runs (made once
-per session), and the check that a script failed in one line. The tests run on the CPU, with no
-network. Run them with `python -m pytest -q`."""
+per session), the check that a script failed in one line, and the processes of the tests that need their own, started
+as the session starts. The tests run on the CPU, with no network. Run them with `python -m pytest -q`."""
 
 import contextlib
 import http.server
@@ -10,6 +10,8 @@ import os
 import random
 import re
 import signal
+import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -222,6 +224,15 @@ def arith_run(arith_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def answer_run(answer_dir, tmp_path_factory):
+    """arith_run's steps on the direct answers: for a test that evaluates a run again and again, and reads nothing of
+    its task (one token to generate per scored sample, not a whole solution)."""
+    out = tmp_path_factory.mktemp("answer_run")
+    train.main(tiny_args(answer_dir, out, "--max-steps=6"))
+    return out
+
+
+@pytest.fixture(scope="session")
 def language_run(tmp_path_factory):
     """A few steps on GPT-2-format shards of text tokenised with the small test encoding."""
     folder, out = tmp_path_factory.mktemp("lang_data"), tmp_path_factory.mktemp("lang_run")
@@ -291,3 +302,134 @@ def check_here(cmd, capture_output, text, env):
 def train_in_this_process(monkeypatch):
     monkeypatch.setattr(grid.subprocess, "Popen", TrainInThisProcess)
     monkeypatch.setattr(grid.subprocess, "run", check_here)
+    monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)  # (grid.py polls its runs: these ended as they began)
+
+
+# Processes that take seconds (most of them importing torch), started as the session starts: they run beside the tests
+# before the ones that read them, on the core those leave idle (a test runs on one thread), not while those wait
+
+
+EARLY = []  # the fixtures below, in the order their tests come
+
+
+def early(fixture):
+    """A session fixture that started_early sets up as the session starts."""
+    EARLY.append(fixture.__name__)
+    return pytest.fixture(scope="session")(fixture)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def started_early(request):
+    """Every fixture of EARLY that a selected test uses, set up before the first test."""
+    used = {name for item in request.session.items for name in item.fixturenames}
+    for name in EARLY:
+        if name in used:
+            try:
+                request.getfixturevalue(name)
+            except Exception:  # an error of its own tests (pytest keeps it for them), not of the first test's
+                pass
+
+
+def beside(cmd, nice, **kwargs):
+    """subprocess.Popen(cmd, **kwargs) at a lower priority (the processes it starts inherit it): on the core the tests
+    leave idle, not on theirs. The later its test comes, the higher the nice."""
+    p = subprocess.Popen(cmd, **kwargs)
+    os.setpriority(os.PRIO_PROCESS, p.pid, nice)
+    return p
+
+
+def ended(*procs):
+    """At a fixture's end: its processes, where no test waited for them."""
+    for p in procs:
+        p.kill()
+        p.communicate()
+
+
+HERE = Path(__file__).parent  # where the scripts are
+
+
+@early
+def ctrl_c_while_torch_loads():
+    """test_ctrl_c_while_torch_loads_is_one_line's `python train.py --help`, sent a Ctrl-C 0.3 s in, by a timer (torch
+    takes seconds to load). At the tests' own priority: the Ctrl-C must not come before Python is up."""
+    proc = subprocess.Popen([sys.executable, "train.py", "--help"], cwd=HERE, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    threading.Timer(0.3, proc.send_signal, (signal.SIGINT,)).start()
+    yield proc
+    ended(proc)
+
+
+@early
+def closed_and_broken_pipe():
+    """The two scripts of test_output_closed_by_its_reader_is_no_traceback: one prints to a reader that closes its
+    output, the other writes to a pipe of its own whose reader is gone."""
+    closed = "import cli\nwith cli.one_line_errors('x.py'):\n    for i in range(10**6):\n        print(i)"
+    other = ("import cli, os\nwith cli.one_line_errors('x.py'):\n    r, w = os.pipe()\n    os.close(r)\n"
+             "    os.write(w, b'x')")
+    procs = [beside([sys.executable, "-c", code], 10, cwd=HERE, text=True, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE) for code in (closed, other)]
+    yield procs
+    ended(*procs)
+
+
+@early
+def grid_and_its_run(tmp_path_factory):
+    """(grid.py's process, the file its run writes) of test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_
+    runs_with_it. The run stands in for train.py: it trains (sleeps) until a SIGTERM, which it writes down."""
+    if grid.LIBC is None:  # (the test is skipped: no PR_SET_PDEATHSIG, and the run would outlive the grid)
+        yield None
+        return
+    got = tmp_path_factory.mktemp("killed") / "got"
+    run = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('term'), "
+           "sys.exit(0))); print('ready', flush=True); time.sleep(600)")
+    grid_code = ("import subprocess, sys, grid; p = grid.launch([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+                 "subprocess.PIPE, None); print(p.stdout.readline().decode().strip(), flush=True); p.wait()")
+    the_grid = beside([sys.executable, "-c", grid_code, run, str(got)], 15, stdout=subprocess.PIPE, cwd=HERE)
+    yield the_grid, got
+    ended(the_grid)
+
+
+@early
+def ddp_run(answer_dir, tmp_path_factory):
+    """(its two processes, its folder) of test_two_process_ddp_on_cpu's run: 2 processes, 4 steps."""
+    out = tmp_path_factory.mktemp("ddp") / "ddp"
+    cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=4", "--eval-interval=4")]
+    # the environment torchrun gives each process, set here: torchrun's own start (a third torch import) costs seconds
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [beside(cmd, 15, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+    yield procs, out
+    ended(*procs)
+
+
+def ctrl_c_at_its_first_output(p, read):
+    """`| tee`, then Ctrl-C: in a thread, as the run goes on."""
+    os.read(read, 1)  # the first bytes come when the buffer fills, dozens of steps in
+    os.close(read)
+    p.send_signal(signal.SIGINT)
+
+
+@early
+def closed_output_started(answer_dir, tmp_path_factory):
+    """ctrl_c -> (process, run folder) of test_a_closed_output_stops_the_run_with_a_checkpoint's `python train.py`,
+    whose reader closes its output."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (else the first line fails, before step 1)
+    runs = {}
+    for ctrl_c in (False, True):
+        out = tmp_path_factory.mktemp("closed") / "run"
+        cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=3000", "--eval-interval=5000")]
+        read, write = os.pipe()
+        p = beside(cmd, 19, stdout=write, stderr=subprocess.PIPE, text=True, cwd=HERE,
+                   env={**env, "OMP_NUM_THREADS": "1"})
+        os.close(write)
+        if ctrl_c:
+            threading.Thread(target=ctrl_c_at_its_first_output, args=(p, read), daemon=True).start()
+        else:
+            os.close(read)
+        runs[ctrl_c] = p, out
+    yield runs
+    ended(*(p for p, _ in runs.values()))

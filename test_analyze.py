@@ -47,9 +47,9 @@ def test_routes_command(arith_run, capsys):
 
 @pytest.mark.parametrize("mode, note", [("value-residual", "the values; the keys are each layer's own"),
                                          ("dynamic", "the weights' part that is the same at every token")])
-def test_routes_say_what_the_map_leaves_out(mode, note, tmp_path, arith_dir, capsys):
+def test_routes_say_what_the_map_leaves_out(mode, note, tmp_path, answer_dir, capsys):
     run = tmp_path / mode
-    train.main(tiny_args(arith_dir, run, f"--router={mode}", "--max-steps=2"))
+    train.main(tiny_args(answer_dir, run, f"--router={mode}", "--max-steps=2"))
     capsys.readouterr()
     analyze.main(["routes", "--out-dir", str(run)])
     assert f"router {mode} ({note}): row = layer" in capsys.readouterr().out
@@ -409,11 +409,11 @@ def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     assert "| none | 0.5000 | 50.0% | 29.8% | 25.0% | +100.00% | +0.0 pts |" in table
 
 
-def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run, tmp_path, capsys, monkeypatch):
+def test_prune_command_saves_a_checkpoint_that_stays_pruned(answer_dir, answer_run, tmp_path, capsys, monkeypatch):
     new, name = tmp_path / "pruned", "transformer.h.1.attn.router.weight"
-    shutil.copytree(arith_dir, tmp_path / "moved")  # the run's data where --data-dir says: the pruned run reads it there
+    shutil.copytree(answer_dir, tmp_path / "moved")  # the run's data where --data-dir says: the pruned run reads it
     monkeypatch.chdir(tmp_path)  # (given relative, recorded absolute, as train.py records it)
-    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "0.7", "--save", str(new), "--data-dir",
+    report = analyze.main(["prune", "--out-dir", str(answer_run), "--top-p", "0.7", "--save", str(new), "--data-dir",
                            "moved"])
     ckpt = torch.load(new / "ckpt.pt", weights_only=True)
     assert ckpt["config"]["data_dir"] == json.loads((new / "config.json").read_text())["data_dir"] == \
@@ -425,38 +425,39 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert report["survival"][1].tolist() == keep.float().mean(dim=(0, 2)).tolist()
     out = capsys.readouterr().out
     assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
-    assert out.startswith(f"evaluating {arith_run} on cpu, as it is and then pruned ...\n")  # (a progress line)
+    assert out.startswith(f"evaluating {answer_run} on cpu, as it is and then pruned ...\n")  # (a progress line)
     assert f"layer   1: {report['pruned']:>8,} of        8 ({report['pruned'] / 8:6.1%})" in out.splitlines()
-    summary = json.loads((arith_run / "summary.json").read_text())
+    summary = json.loads((answer_run / "summary.json").read_text())
     assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
     # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
     assert runs.load_checkpoint(new, "cpu")[1].routers[1].weight.count_nonzero() == keep.sum()
     assert len(sample.main(["--out-dir", str(new), "--num-samples", "1", "--max-new-tokens", "2"])) == 1
     before = snapshot(new)
-    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new)], capsys)
+    err = error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(new)], capsys)
     assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before
-    (tmp_path / "link").symlink_to(arith_run)  # the run itself by another name: --overwrite would clear it
-    before = snapshot(arith_run)
-    assert error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(tmp_path / "link"),
+    (tmp_path / "link").symlink_to(answer_run)  # the run itself by another name: --overwrite would clear it
+    before = snapshot(answer_run)
+    assert error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(tmp_path / "link"),
                                    "--overwrite"], capsys) == "analyze.py: error: --save names the run being pruned: " \
         "give a new folder"
-    assert snapshot(arith_run) == before
+    assert snapshot(answer_run) == before
     mine = tmp_path / "mine"  # no checkpoint, but files --overwrite would delete: refused too
     mine.mkdir()
     (mine / "prune.json").write_text('{"mine": 1}')
-    err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine)], capsys)
+    err = error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(mine)], capsys)
     assert f"--save={mine} already holds a run (prune.json)" in err
     assert (mine / "prune.json").read_text() == '{"mine": 1}'
     (mine / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # --overwrite: the old run's files go
     held = cli.hold_folder(mine, "a test")  # but not from under a train.py that trains there
     try:
-        err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(mine), "--overwrite"], capsys)
+        err = error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(mine), "--overwrite"],
+                       capsys)
     finally:
         os.close(held)
     assert err == f"analyze.py: error: {mine} is in use by another process (a train.py training there? wait for " \
         "it to end, or give another folder)"
     assert (mine / "log.jsonl").exists() and (mine / "prune.json").read_text() == '{"mine": 1}'
-    report = analyze.main(["prune", "--out-dir", str(arith_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
+    report = analyze.main(["prune", "--out-dir", str(answer_run), "--top-p", "1", "--save", str(mine), "--overwrite"])
     assert report["pruned"] == 0 and report["top_p"] == 1  # p = 1: every weight is kept (its smallest is not 0)
     assert json.loads((mine / "prune.json").read_text())["pruned"] == 0 and not (mine / "log.jsonl").exists()
     assert error_of(analyze.main, ["table", str(mine)], capsys, code=1) == f"analyze.py: error: no {mine}/summary." \
@@ -466,7 +467,7 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(arith_dir, arith_run
     assert error_of(analyze.main, ["table", str(mine)], capsys, code=1).endswith("(is the run finished?)")
 
 
-def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(arith_run, tmp_path, capsys, monkeypatch):
+def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(answer_run, tmp_path, capsys, monkeypatch):
     """--save is checked before the two evaluations, and written after them: another prune --save into the same
     folder (or a run) that wrote there meanwhile and ended is not replaced unasked, not even with --overwrite, which
     said what to replace as the command began."""
@@ -480,7 +481,7 @@ def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(arith
 
     monkeypatch.setattr(analyze, "evaluate", meanwhile)
     for flags in ([], ["--overwrite"]):
-        err = error_of(analyze.main, ["prune", "--out-dir", str(arith_run), "--save", str(new), *flags], capsys)
+        err = error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(new), *flags], capsys)
         assert err == f"analyze.py: error: {new}: another process wrote prune.json there while this one " \
             "pruned: nothing was written there; give the command again to see what is there now"
         assert sorted(p.name for p in new.iterdir()) == ["prune.json"]

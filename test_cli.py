@@ -13,9 +13,7 @@ import shutil
 import signal
 import stat
 import struct
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -91,24 +89,19 @@ def test_compile_is_on_for_cuda_unless_told():
     assert cli.compiles("on", "cpu") and not cli.compiles("off", "cuda")
 
 
-def test_ctrl_c_while_torch_loads_is_one_line():
-    """torch takes seconds to load, and a Ctrl-C meanwhile costs no traceback either."""
-    proc = subprocess.Popen([sys.executable, "train.py", "--help"], cwd=Path(__file__).parent, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+def test_ctrl_c_while_torch_loads_is_one_line(ctrl_c_while_torch_loads):
+    """torch takes seconds to load, and a Ctrl-C meanwhile costs no traceback either. (The process: conftest's,
+    started as the session starts.)"""
+    proc = ctrl_c_while_torch_loads
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "train.py: interrupted (SIGINT)\n")
 
 
-def test_output_closed_by_its_reader_is_no_traceback():
+def test_output_closed_by_its_reader_is_no_traceback(closed_and_broken_pipe):
     """`python analyze.py ... | head -1`: once head has gone, the script stops without a word. Another pipe broken
-    (a worker's, say) is a fault, and keeps its traceback. (The two processes run at once: each imports torch.)"""
-    closed = "import cli\nwith cli.one_line_errors('x.py'):\n    for i in range(10**6):\n        print(i)"
-    other = ("import cli, os\nwith cli.one_line_errors('x.py'):\n    r, w = os.pipe()\n    os.close(r)\n"
-             "    os.write(w, b'x')")
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for code in (closed, other)]
+    (a worker's, say) is a fault, and keeps its traceback. (Both scripts, conftest's, started as the session starts:
+    each imports torch.)"""
+    procs = closed_and_broken_pipe
     assert procs[0].stdout.readline() == "0\n"
     procs[0].stdout.close()
     assert (procs[0].wait(timeout=60), procs[0].stderr.read()) == (128 + signal.SIGPIPE, "")

@@ -5,10 +5,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -212,23 +209,18 @@ def test_modulus_sets_the_mod_field_alone():
 
 
 @pytest.mark.skipif(grid.LIBC is None, reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_runs_with_it(tmp_path):
+def test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_runs_with_it(grid_and_its_run):
     """kill -9 of the grid: each run it launched gets SIGTERM from the kernel (train.py saves a checkpoint on it), not
-    left training alone, where the grid run again would find it "in use"."""
-    run = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('term'), "
-           "sys.exit(0))); print('ready', flush=True); time.sleep(60)")  # stands in for train.py
-    grid_code = ("import subprocess, sys, grid; p = grid.launch([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
-                 "subprocess.PIPE, None); print(p.stdout.readline().decode().strip(), flush=True); p.wait()")
-    the_grid = subprocess.Popen([sys.executable, "-c", grid_code, run, str(tmp_path / "got")], stdout=subprocess.PIPE,
-                                cwd=Path(grid.__file__).parent)
+    left training alone, where the grid run again would find it "in use". (The grid and its run: conftest's.)"""
+    the_grid, got = grid_and_its_run
     assert the_grid.stdout.readline() == b"ready\n"  # its run is running
     the_grid.kill()
     the_grid.wait()
     for _ in range(100):
-        if (tmp_path / "got").exists():
+        if got.exists() and got.read_text():  # (made, then written: not read between the two)
             break
         time.sleep(0.1)
-    assert (tmp_path / "got").read_text() == "term"
+    assert got.read_text() == "term"
 
 
 @pytest.mark.parametrize("stop", ["signal", "closed output"])

@@ -8,8 +8,6 @@ import math
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -312,17 +310,8 @@ def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypat
     assert seen["0.01"] == pytest.approx([0.01, 0.01], rel=1e-5), seen
 
 
-def test_two_process_ddp_on_cpu(answer_dir, tmp_path):
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=4", "--eval-interval=4")]
-    # the environment torchrun gives each process, set here: torchrun's own start (a third torch import) costs seconds
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+def test_two_process_ddp_on_cpu(ddp_run, answer_dir, tmp_path):
+    procs, out = ddp_run
     outputs = [p.communicate(timeout=120) for p in procs]
     result = types.SimpleNamespace(returncode=max(p.returncode for p in procs), stdout=outputs[0][0] + outputs[1][0],
                                    stderr=outputs[0][1] + outputs[1][1])
@@ -528,26 +517,10 @@ def test_a_signal_inside_hold_waits_for_its_end_and_the_first_one_counts():
 
 
 @pytest.fixture(scope="module")
-def closed_output_runs(answer_dir, tmp_path_factory):
-    """ctrl_c -> (stderr, exit code, run folder) of a `python train.py` whose reader closes its output: both runs at
-    once, since each spends its seconds in its own process (see the test)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (else the first line fails, before step 1)
-    runs = {}
-    for ctrl_c in (False, True):
-        out = tmp_path_factory.mktemp("closed") / "run"
-        cmd = [sys.executable, "train.py", *tiny_args(answer_dir, out, "--max-steps=3000", "--eval-interval=5000")]
-        read, write = os.pipe()
-        p = subprocess.Popen(cmd, stdout=write, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
-                             env={**env, "OMP_NUM_THREADS": "1"})
-        os.close(write)
-        runs[ctrl_c] = p, read, out
-    for ctrl_c, (p, read, out) in runs.items():
-        if ctrl_c:
-            os.read(read, 1)  # the first bytes come when the buffer fills, dozens of steps in
-        os.close(read)
-        if ctrl_c:
-            p.send_signal(signal.SIGINT)
-    return {ctrl_c: (p.communicate(timeout=120)[1], p.returncode, out) for ctrl_c, (p, _, out) in runs.items()}
+def closed_output_runs(closed_output_started):
+    """ctrl_c -> (stderr, exit code, run folder) of the runs of closed_output_started (conftest), ended."""
+    return {ctrl_c: (p.communicate(timeout=120)[1], p.returncode, out)
+            for ctrl_c, (p, out) in closed_output_started.items()}
 
 
 @pytest.mark.parametrize("ctrl_c", [False, True], ids=["| head", "| tee, and Ctrl-C"])
