@@ -9,7 +9,7 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
     python bench.py --device cuda --kernels --sweep   # the same at every tile, warp count and launch width of TILES
     python bench.py --device cuda --routers none,lime --profile   # where a step's milliseconds go
-    python bench.py --device cuda --suite --sweep --profile --json suite.json   # every Performance figure
+    python bench.py --device cuda --suite --sweep --profile --json suite.json   # every GPU figure of the README
 
 A training step is forward + backward + AdamW (fused on CUDA), timed from a synchronised
 device to a synchronised device. The median step is reported with its ratio to `none` (or
@@ -346,7 +346,7 @@ def parse_args(argv):
                    help="with --kernels on CUDA: time the Triton kernels at every tile size, warp count and number "
                         "of outputs a launch takes (TILES)")
     p.add_argument("--suite", action="store_true",
-                   help="every figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
+                   help="every GPU figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
                         "then the routers at 150m, 1b and deep, each model alone; with --json, run it again to go "
                         "on after a cut: the parts that file holds are kept")
     p.add_argument("--profile", action="store_true",

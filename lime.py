@@ -172,7 +172,7 @@ def make_router(config, layer):
     if cls is Own or not issubclass(cls, Router):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
-    check_router(router, config.n_embd, J)  # NOTE else a fork's weights with a source too many would train silently
+    check_router(router, config.n_embd, J)  # NOTE weights() against its sources: one too many would train unread
     return router
 
 
@@ -193,8 +193,9 @@ class Routing:
         router = self.routers[layer]
         self.kvs.append(kv)
         pulled = self.reference or router.pulled
-        # NOTE a pulled layer still pushes into the later layers that read it and are pushed (a fork's router
-        # may pull at some layers only): else their sums would silently lack its share
+        # the push reaches the later pushed layers that read this one, and this one if pushed (its own sum ends here).
+        # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
+        # sums would silently lack its share
         targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
         outs = self.push(layer, kv, targets) if targets else {}
         if not pulled:
@@ -208,7 +209,7 @@ class Routing:
 
     def push(self, layer, kv, targets):
         """One op (kernels.route): this layer's share added to each target's running sum -> {target: the sum}."""
-        # the op adds the partial sums to its first outputs, so the targets that have one come first
+        # kernels.route adds partials[i] to output i: the targets that hold a running sum already go first
         targets = sorted(targets, key=lambda l: l not in self.partial)
         partials = [self.partial.pop(l) for l in targets if l in self.partial]
         w = torch.stack([self.routers[l].matrix()[:, self.routers[l].sources.index(layer)]
@@ -366,7 +367,7 @@ class GPT(nn.Module):
         with require_initialised(methods):  # NaN until set: a method's parameter that nothing sets is an error
             starts_static = {lin for m in methods if getattr(m, "per_token", False)
                              for lin in m.modules() if isinstance(lin, nn.Linear)}
-            routed = {id(m.weights()) for m in methods if isinstance(m, Router)}  # their init, not a Linear's
+            routed = {id(m.weights()) for m in methods if isinstance(m, Router)}  # a router's init, even in a Linear
             for name, module in self.named_modules():
                 if isinstance(module, nn.RMSNorm):
                     nn.init.ones_(module.weight)

@@ -3,7 +3,7 @@ Trains a LIMe model (or an ablation of its router, or a baseline) on one CPU, on
 
     python train.py --preset=tiny --router=lime        # offline quick start, a few CPU minutes
     python train.py --router=first-4                   # the 150M router ablation on one GPU
-    python train.py --router-top-p=0.9 --prune-at=1000 # top-p pruning of the routers at step 1000, kept after it
+    python train.py --router-top-p=0.9 --prune-at=1000 --out-dir=out/150m-lime-p90   # top-p pruning at step 1000
     torchrun --standalone --nproc_per_node=8 train.py --preset=1b --router=lime
     python train.py --preset=prosqa --init-from=out/150m-lime   # fine-tune a pretrained run on ProsQA
 
@@ -59,7 +59,8 @@ class TrainConfig(runs.EvalConfig):
     stop_at: int = option(0, "end this session after this step with a checkpoint (0: run to max_steps)",
                           rule=NON_NEGATIVE, **FREE)
     lr: float = option(1e-3, "peak learning rate", rule=POSITIVE)
-    router_lr: float = option(1e-2, "learning rate of the router parameters (no weight decay)", rule=NON_NEGATIVE)
+    router_lr: float = option(1e-2, "peak learning rate of the router parameters, on the same schedule scaled by "
+                                     "router_lr / lr (no weight decay)", rule=NON_NEGATIVE)
     min_lr: float = option(1e-6, "learning rate at the end of the schedule", rule=NON_NEGATIVE)
     warmup_steps: int = option(200, "linear warm-up from 0", rule=NON_NEGATIVE)
     schedule: str = option("cosine", "decay after warm-up", choices=("cosine", "linear"))
@@ -91,7 +92,8 @@ class TrainConfig(runs.EvalConfig):
 
 
 PRESETS = {
-    # the paper's 150M ablation (Table 7): 256 x 2048 tokens a step, 6000 steps = 3.1B tokens
+    # the paper's 150M router ablation (Table 7). The paper states no shape or budget for it: GPT-2 small's shape
+    # in LLaMA blocks, and 256 x 2048 tokens a step for 6000 steps (3.1B tokens) are this repo's choice
     "150m": dict(),
     # Tables 2-3: 1B with GQA; 1024 x 2048 tokens a step, 20k steps, several GPUs
     "1b": dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, batch_size=1024,
@@ -256,8 +258,8 @@ def train(cfg, run):
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # DDP averages gradients over processes only on the last micro-step
                 with nullcontext() if not ddp or micro == accum - 1 else model.no_sync():
-                    with autocast:
-                        loss = model(x, y)[1] / accum
+                    with autocast:  # NOTE with ignored targets (a task's prompt), a micro-batch's mean is over its
+                        loss = model(x, y)[1] / accum  # own tokens: the step's loss is a mean of those means
                     loss.backward()
                 loss_sum += loss.detach()
             if mask is not None:  # no gradient for a pruned weight, so it counts for nothing in the clipping either
@@ -282,7 +284,7 @@ def train(cfg, run):
                     timed_steps, timed_seconds = timed_steps + window_steps, timed_seconds + dt
                     ms = 1000 * dt / window_steps
                     tok_s = tokens_per_step * window_steps / dt
-                    lr = learning_rate(step - 1, cfg)
+                    lr = learning_rate(step - 1, cfg)  # the step just taken's
                     # the row first: the line may find its reader gone (`| head`: BrokenPipeError), the step done
                     run.log(step=step, loss=loss_value, lr=lr, ms_per_step=ms, tokens_per_s=tok_s)
                     mfu = f" | MFU {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
