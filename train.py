@@ -167,7 +167,7 @@ def train(cfg, run):
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     device_type = device.split(":")[0]
-    accum = cfg.batch_size // (cfg.micro_batch_size * world)
+    accum = cfg.batch_size // (cfg.micro_batch_size * world)  # micro-steps per process (runs.py: it divides exactly)
     dtype = dtype_for(device, cfg.dtype)
     autocast = autocast_for(device, dtype)
     if device_type == "cuda":
