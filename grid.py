@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import arithmetic
@@ -176,14 +177,21 @@ def main(argv=None):
                     raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
                                      f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, "
                                      "so give another --out-dir for other flags")
+        made = [Path(f) for f in (args.out_dir, args.data_root) if not Path(f).exists()]
         # held from here: a second grid there at once (it would start the same runs again, and the runs of both
         # would write one train.out) is refused before it writes
         with holding(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir"):
-            fits = {}
-            for name, task in grid:
-                prepare(Path(args.data_root) / name, task, args)
-                fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
-            return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
+            try:
+                fits = {}
+                for name, task in grid:
+                    prepare(Path(args.data_root) / name, task, args)
+                    fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
+                return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
+            except BaseException:  # (too few expressions for a regime's sizes, found as it is generated, say)
+                for folder in made:  # made for nothing: gone again, as arithmetic.prepare's own data folder
+                    with suppress(OSError):  # (rmdir takes an empty folder only: another's data stays)
+                        folder.rmdir()
+                raise
 
 
 def train_command(router, seed, data_dir, out, args, extra, fit=()):

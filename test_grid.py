@@ -74,6 +74,17 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         f"{lime / 'summary.json'} is of router none, seed 1, not of the run its folder is for: move it away")
 
 
+def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, train_in_this_process):
+    """mod 3, one operator: 33 expressions, too few for 30 unseen ones in each scored split. Found as the data is
+    generated, after the checks: one line, exit 2, and the folders the grid made for it are gone again."""
+    args = ["--fields", "mod", "--modulus", "3", "--targets", "answer", "--tiers", "1", "--train-size", "5",
+            "--test-size", "30", "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data" / "root")]
+    (tmp_path / "data").mkdir()  # there before: it stays
+    assert error_of(grid.main, args, capsys) == "grid.py: error: tier 1 has too few distinct expressions for 30 " \
+        "unseen ones: lower --test-size or --train-size"
+    assert snapshot(tmp_path) == {tmp_path: None, tmp_path / "data": None}
+
+
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
     shutil.copytree(arith_dir, tmp_path / "int-steps-operands-4-5-6")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
