@@ -104,7 +104,8 @@ def test_arithmetic_samples_are_correct_step_by_step():
 def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
     prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20", "--show", "3"])
     prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "b"), "--train-size", "200", "--test-size", "20"])
-    names = ["meta.json", "train.txt", "test_4.txt", "test_5.txt", "test_6.txt", "val_4.txt", "val_6.txt"]
+    tiers = arithmetic.DEFAULTS["tiers"]
+    names = ["meta.json", "train.txt", *(f"{split}_{n}.txt" for split in ("test", "val") for n in tiers)]
     assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
     shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
     vocab, splits, task, _ = arithmetic.load(tmp_path / "a")
@@ -112,9 +113,9 @@ def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
     modulus = task.modulus if task.field == "mod" else None
     assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
     operands = [len(re.findall(r"\d+", l.split(" = ")[0])) for l in shown]  # spread over the file: every tier shows
-    assert [n - (task.count == "operators") for n in operands] == list(task.tiers)
-    line = splits["test_5"][0]
-    assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 600
+    assert {n - (task.count == "operators") for n in operands} == set(task.tiers)
+    line = splits[f"test_{tiers[-1]}"][0]
+    assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 200 * len(tiers)
     with pytest.raises(DataError, match="'1000' is not in the task vocabulary"):
         vocab.encode("1000 + 1")
 
@@ -462,7 +463,8 @@ def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(
     """prepare_data.py used to say 'holds this data already' of a folder whose meta.json names the data asked for,
     whatever its lines held: it compares them with the data it makes, and says where they differ."""
     folder = tmp_path / "data"
-    args = ["arithmetic", "--data-dir", str(folder), "--count=operands", "--train-size", "30", "--test-size", "4"]
+    args = ["arithmetic", "--data-dir", str(folder), "--count=operands", "--tiers=4,5,6", "--train-size", "30",
+            "--test-size", "4"]
     prepare_data.main(args)
     made = {p.name: p.read_bytes() for p in folder.iterdir()}
     (folder / "train.txt").write_text("\n".join(damage((folder / "train.txt").read_text().splitlines())) + "\n")

@@ -778,11 +778,11 @@ DAMAGED = [
      f"summary.json cannot be read ({os.strerror(errno.EISDIR)})"),
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
-                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
-                                   str(t / "root"), "--out-dir", str(t / "g")]), 1, "meta.json is not valid JSON"),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1, "meta.json is not valid JSON"),
     ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "summary.json", "{"),
-                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
-                                   str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
     ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--tiers=4,5"], 2,
      "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), with count operands "
      "(not operators), tiers 4,5,6 (not 4,5), train_size 100 (not 50000), test_size 10 (not 1000): give another "
@@ -836,12 +836,12 @@ DAMAGED = [
      "loop is a symbolic link to nothing (or back to itself)"),
     ("grid", then(lambda d, r, t: (t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "train.out").mkdir(
                       parents=True),
-                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
-                                   str(t / "root"), "--out-dir", str(t / "g")]), 1,
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
      "lime-seed1/train.out is not a file but a run's output goes by that name: move it away"),  # (once runs started)
     ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1", "not a run"),
-                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--data-root",
-                                   str(t / "root"), "--out-dir", str(t / "g")]), 1,
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
      "lime-seed1 is a file, not a folder, where a run of the grid goes: move it away"),  # (once runs started)
     ("prepare_data", then(lambda d, r, t: os.symlink(t / "nowhere", t / "link"),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(t / "link")]), 2,
@@ -937,19 +937,19 @@ DAMAGED = [
      "ends '= "),
     # data that meta.json names but whose lines are not it (swapped, lost): not "holds this data already"
     ("prepare_data", then(lambda d, r, t: edit_lines(d / "train.txt", lambda lines: lines[::-1]),
-                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
-                                           "--test-size=10"]), 2,
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--tiers=4,5,6",
+                                           "--train-size=100", "--test-size=10"]), 2,
      "data holds other lines than this code makes of the data its meta.json names, int-steps, tiers 4,5,6 operands "
      "(seed 0; 100 train, 10 test, 10 val a tier) (edited, or made by another version): line 1 of its train.txt: give "
      "another --data-dir, or --overwrite to replace it"),
     ("prepare_data", then(lambda d, r, t: edit_lines(d / "test_5.txt", lambda lines: lines[:-1]),
-                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
-                                           "--test-size=10"]), 2,
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--tiers=4,5,6",
+                                           "--train-size=100", "--test-size=10"]), 2,
      ("data holds other lines than this code makes of the data its meta.json names, int-steps, tiers 4,5,6 operands",
       "line 10 of its test_5.txt")),
     ("prepare_data", then(lambda d, r, t: [p.unlink() for p in d.glob("val_*.txt")],  # (not a folder from before them)
-                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--train-size=100",
-                                           "--test-size=10"]), 2, "val_4.txt is missing"),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--tiers=4,5,6",
+                                           "--train-size=100", "--test-size=10"]), 2, "val_4.txt is missing"),
     # a folder by the name of one of the data's files: not a traceback after meta.json was deleted
     ("prepare_data", then(lambda d, r, t: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--overwrite"]), 1,

@@ -88,8 +88,8 @@ def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, cap
 def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
     shutil.copytree(arith_dir, tmp_path / "int-steps-operands-4-5-6")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
-    err = error_of(grid.main, ["--fields", "int", "--targets", "answer,steps", "--count", "operands", "--data-root",
-                               str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
+    err = error_of(grid.main, ["--fields", "int", "--targets", "answer,steps", "--count", "operands", "--tiers",
+                               "4,5,6", "--data-root", str(tmp_path), "--out-dir", str(tmp_path / "out")], capsys)
     assert err.startswith("grid.py: error: ") and "holds other arithmetic data" in err and "--data-root" in err
     assert snapshot(tmp_path) == before
 

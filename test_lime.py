@@ -234,7 +234,8 @@ def run_routing(model, idx, reference, autocast=False, block=None):
     if hook:
         hook.remove()
     model.reference_routing = False
-    return logits.float(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    # clones: NOTE model.cuda() moves each .grad in place, so a returned .grad itself would follow the model
+    return logits.float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("mode", ROUTED)

@@ -806,7 +806,7 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
            "--target steps`" in err
     err = error_of(train.main, ["--preset=arith", "--data-dir=mine", "--out-dir=run"], capsys, code=1)
     assert err.endswith(f"`python prepare_data.py arithmetic --data-dir {tmp_path / 'mine'} --field int --count "
-                        "operators --tiers 4,5,6 --target steps`")  # (no word of a download: the task needs none)
+                        "operators --tiers 6 --target steps`")  # (no word of a download: the task needs none)
     assert list(tmp_path.iterdir()) == []
 
 
