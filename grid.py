@@ -88,7 +88,8 @@ def main(argv=None):
     p = Parser(prog="grid.py", description=__doc__)
     p.add_argument("--fields", default="int,mod", help="comma-separated: int, mod")
     p.add_argument("--targets", default="steps,answer", help="comma-separated: steps, answer")
-    p.add_argument("--count", default="operators", choices=["operands", "operators"], help="what a tier counts")
+    p.add_argument("--count", default=arithmetic.DEFAULTS["count"], choices=["operands", "operators"],
+                   help="what a tier counts")
     p.add_argument("--tiers", default=",".join(map(str, arithmetic.DEFAULTS["tiers"])),
                    help="the tiers, comma-separated; one model learns all of them (e.g. 4,5,6)")
     p.add_argument("--modulus", type=int, default=11, help="the prime of the mod field")

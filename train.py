@@ -101,8 +101,8 @@ PRESETS = {
     # Section 5.5: 32 layers of 8 heads (use --n-layer 64 or 128 for the deeper runs); the width is ours
     "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, micro_batch_size=16),
     # Appendix A: 4 layers, 4 heads, d 32; 200 epochs over 50k samples of a tier, lr 1e-3 with linear decay. Ours:
-    # one model per tier and batch 1024 (9,766 steps), where the paper's gap reproduced on a GPU (README). Block 96:
-    # a step-by-step solution of 6 operators takes up to 86 tokens
+    # one model per tier and batch 1024 (9,766 steps), where LIMe's lead at 6 operators showed on a GPU (README).
+    # Block 96: a step-by-step solution of 6 operators takes up to 86 tokens
     "arith": dict(data="arithmetic", n_layer=4, n_head=4, n_kv_head=4, n_embd=32, mlp_hidden=128, block_size=96,
                   vocab_size=1024, batch_size=1024, micro_batch_size=1024, epochs=200, warmup_steps=0,
                   schedule="linear", eval_interval=500, log_interval=100),
