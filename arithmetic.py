@@ -41,6 +41,7 @@ PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 SYMBOLS = ("<eos>", "=", "(", ")", *OPS)  # the vocabulary, before a token for every number 0..top
 LARGEST = 10**6  # the largest number a regime may have: every number is a token (and a row of the embedding)
 MOST_TOKENS = GPTConfig.block_size  # the longest a sample may be: the default block, the largest preset block
+CHOICES = dict(field=("int", "mod"), count=("operands", "operators"), target=("steps", "answer"))  # a Task's words
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,7 @@ class Task:
         if not isinstance(self.tiers, (list, tuple)):  # (a meta.json may hold 5 or "4,5,6")
             raise DataError(f"--tiers must be a list of whole numbers, got {self.tiers!r}")
         object.__setattr__(self, "tiers", tuple(self.tiers))  # JSON gives a list
-        for name, choices in (("field", ("int", "mod")), ("count", ("operands", "operators")),
-                              ("target", ("steps", "answer"))):
+        for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise DataError(f"--{name} must be {' or '.join(choices)}, got {getattr(self, name)!r}")
         for name in ("modulus", "max_operand", "max_value", "tiers"):  # (a meta.json or a config may hold '11', 4.5)

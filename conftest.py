@@ -305,6 +305,15 @@ def train_in_this_process(monkeypatch):
     monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)  # (grid.py polls its runs: these ended as they began)
 
 
+@pytest.fixture
+def refused(train_in_this_process, monkeypatch):
+    """For a grid that must refuse: a run it starts fails the test at once, where it would train (for minutes, at the
+    grid's default sizes) if the refusal were gone."""
+    def started(cmd, **kwargs):
+        pytest.fail(f"the grid started a run it should have refused: {' '.join(cmd[1:3])}")
+    monkeypatch.setattr(grid.subprocess, "Popen", started)
+
+
 # Processes that take seconds (most of them importing torch), started as the session starts: they run beside the tests
 # before the ones that read them, on the core those leave idle (a test runs on one thread), not while those wait
 

@@ -86,9 +86,10 @@ def main(argv=None):
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = Parser(prog="grid.py", description=__doc__)
-    p.add_argument("--fields", default="int,mod", help="comma-separated: int, mod")
-    p.add_argument("--targets", default="steps,answer", help="comma-separated: steps, answer")
-    p.add_argument("--count", default=arithmetic.DEFAULTS["count"], choices=["operands", "operators"],
+    words = arithmetic.CHOICES
+    p.add_argument("--fields", default=",".join(words["field"]), help=f"comma-separated: {', '.join(words['field'])}")
+    p.add_argument("--targets", default=",".join(words["target"]), help=f"comma-separated: {', '.join(words['target'])}")
+    p.add_argument("--count", default=arithmetic.DEFAULTS["count"], choices=words["count"],
                    help="what a tier counts")
     p.add_argument("--tiers", default=",".join(map(str, arithmetic.DEFAULTS["tiers"])),
                    help="the tiers, comma-separated; one model learns all of them (e.g. 4,5,6)")

@@ -218,16 +218,16 @@ def main(argv=None):
     add("--seed", "arithmetic", "generator seed", type=int, default=0)
     defaults = arithmetic.Task(**arithmetic.DEFAULTS)
     add("--field", "arithmetic", "int (whole numbers, exact division) or mod (the integers mod --modulus)",
-        default=defaults.field, choices=["int", "mod"])
+        default=defaults.field, choices=arithmetic.CHOICES["field"])
     add("--modulus", "arithmetic, mod", "the prime P (default 11, as Feng et al.)", type=int, default=defaults.modulus)
     add("--max-operand", "arithmetic, int", "operands are drawn from 1..this", type=int, default=defaults.max_operand)
     add("--max-value", "arithmetic, int", "every value stays in 0..this", type=int, default=defaults.max_value)
     add("--count", "arithmetic", "what a tier's number counts", default=defaults.count,
-        choices=["operands", "operators"])
+        choices=arithmetic.CHOICES["count"])
     add("--tiers", "arithmetic", "the tiers to generate, comma-separated (default %(default)s)",
         default=",".join(map(str, defaults.tiers)))
     add("--target", "arithmetic", "learn the whole step-by-step solution, or only the answer after '='",
-        default=defaults.target, choices=["steps", "answer"])
+        default=defaults.target, choices=arithmetic.CHOICES["target"])
     add("--train-size", "arithmetic", "training samples per tier", type=int, default=50_000)
     add("--test-size", "arithmetic", "samples per tier in the test split, and again in the validation split",
         type=int, default=1000)
@@ -238,7 +238,7 @@ def main(argv=None):
     with one_line_errors("prepare_data.py", interrupted=goes_on):
         args, given = p.parse_args(argv), p.given(argv)
         for flag, scope in scopes.items():  # a flag for other data would be ignored: say so instead
-            dest, fields = flag[2:].replace("-", "_"), [f for f in scope if f in ("int", "mod")]
+            dest, fields = flag[2:].replace("-", "_"), [f for f in scope if f in arithmetic.CHOICES["field"]]
             if dest not in given:
                 continue
             if args.name not in scope:

@@ -74,7 +74,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         f"{lime / 'summary.json'} is of router none, seed 1, not of the run its folder is for: move it away")
 
 
-def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, train_in_this_process):
+def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, refused):
     """mod 3, one operator: 33 expressions, too few for 30 unseen ones in each scored split. Found as the data is
     generated, after the checks: one line, exit 2, and the folders the grid made for it are gone again."""
     args = ["--fields", "mod", "--modulus", "3", "--targets", "answer", "--tiers", "1", "--train-size", "5",
@@ -85,7 +85,7 @@ def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, cap
     assert snapshot(tmp_path) == {tmp_path: None, tmp_path / "data": None}
 
 
-def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, train_in_this_process):
+def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsys, refused):
     shutil.copytree(arith_dir, tmp_path / "int-steps-operands-4-5-6")  # 100 samples a tier, not the grid's 20000
     before = snapshot(tmp_path)
     err = error_of(grid.main, ["--fields", "int", "--targets", "answer,steps", "--count", "operands", "--tiers",
@@ -94,7 +94,7 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     assert snapshot(tmp_path) == before
 
 
-def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, train_in_this_process):
+def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, refused):
     regime = tmp_path / "data" / "mod11-answer-operators-2"  # the grid's data, made before, then a line edited by hand
     arithmetic.prepare(regime, arithmetic.Task(field="mod", count="operators", target="answer", tiers=(2,)), 0, 40, 6)
     lines = (regime / "train.txt").read_text().splitlines()
@@ -160,7 +160,7 @@ def test_a_run_finished_by_hand_while_the_grid_waited_for_it_is_kept(tmp_path, c
     assert snapshot(by_hand) == before and "| none |" in out  # its files as it left them, and in the tables
 
 
-def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, train_in_this_process):
+def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, refused):
     """Two grids with one --out-dir at once started the same runs twice: each a second time once the other's had
     ended (over it), or refused as "in use" with the other run's last line of their shared train.out as its reason.
     The second grid is refused before it starts a run; the first one's runs are its own."""
@@ -194,7 +194,7 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, t
      f"routers whose weights() is a learned Parameter itself, the same at every token ({PRUNABLE}), not --router=none"),
     # (each router's flags are checked)
 ])
-def test_grid_checks_everything_before_it_writes(tmp_path, capsys, train_in_this_process, flags, message):
+def test_grid_checks_everything_before_it_writes(tmp_path, capsys, refused, flags, message):
     """The flags after -- too, by train.py's own --dry-run: one line, exit 2, no data generated, no run started."""
     args = ["--fields", "mod", "--targets", "answer", "--tiers", "2,3", "--out-dir", str(tmp_path / "out"),
             "--data-root", str(tmp_path / "data"), *flags]
