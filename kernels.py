@@ -2,7 +2,8 @@
 Fast routing for LIMe: one opaque op, `lime::route`, that torch.compile keeps inside a single
 graph. It has a plain PyTorch implementation (the CPU path, and the fallback everywhere) and
 Triton kernels for CUDA. `route_reference` in lime.py is the specification; the tests hold
-both implementations here to it, the Triton kernels through Triton's CPU interpreter.
+both implementations here to it, the Triton kernels through Triton's CPU interpreter (with fp32 dot
+operands there: the bf16 ones, LOW_PRECISION_DOTS, run only in the CUDA tests).
 
 Push, not pull. The reference builds layer l's K/V by pulling its sources,
 kv~_l = sum_{j <= l} R^(l)_j kv_j. Here layer j pushes instead: as soon as kv_j exists it
@@ -29,7 +30,9 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
     backward   layer j reads its L - j output gradients and kv_j, writes grad kv_j:
                                              sum_{j=0}^{L-1} (L - j + 2)              = 102 at L = 12
                plus grad w's per-tile shares, written and summed: 0.19 slot per output  ~ 15 at L = 12
-That is about 270 slot passes, 27 GB at the 150M shape: some 9 ms at 3 TB/s (a count, not a
+    relaunch   a layer with more than NMAX = 8 outputs (layers 0-3 at L = 12) launches each kernel again:
+               the forward reads kv_j once more, the backward kv_j and grad kv_j (1 + 3)  = 16 at L = 12
+That is about 290 slot passes, 29 GB at the 150M shape: some 10 ms at 3 TB/s (a count, not a
 measurement). Memory: kv_j is saved once per layer (one slot per layer: 12 x 100 MB at 150M), and
 a partial lives only until its layer has run.
 
@@ -37,8 +40,9 @@ a partial lives only until its layer has run.
 "Performance" has what it measured.
 
 NOTE under bf16 the running sums are stored in bf16, so layer l's routed K/V is rounded up to
-l times rather than once. Measured on a CPU at bench.py's 12-layer shape with bf16 autocast,
-the logits differ from fp32 by at most 0.0147 with this op and 0.0155 with route_reference.
+l times rather than once (and grad kv_j once more where the backward relaunches). Measured on a
+CPU at bench.py's 12-layer shape with bf16 autocast, the logits differ from fp32 by at most 0.0147
+with this op and 0.0155 with route_reference.
 """
 
 import os

@@ -9,8 +9,9 @@ of every (layer, head) pair up to and including itself:
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
 R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers per layer, 0.007% of the 150M model's
-parameters. It starts as the identity on the layer's own heads (a fresh LIMe model begins close to
-LLaMA) and Kaiming-uniform elsewhere. Keys and values share one router; queries are untouched.
+parameters. It starts as the identity on the layer's own heads and Kaiming-uniform on the earlier
+layers' (whose share then has about l/(l+1) of the own K/V's variance: a fresh LIMe model is not
+LLaMA). Keys and values share one router; queries are untouched.
 Routing mixes vectors at one position, and RoPE rotates every head at a position alike, so the two
 commute. We route before RoPE; the KV cache holds each layer's routed, rotated K/V, so it is a
 normal cache's size (generation.py).
@@ -172,7 +173,7 @@ def make_router(config, layer):
     if cls is Own or not issubclass(cls, Router):
         return None
     router = cls(config, layer, J) if layer > 0 else Own(config, layer)
-    check_router(router, config.n_embd, J)  # NOTE weights() against its sources: one too many would train unread
+    check_router(router, config.n_embd, J)  # NOTE sources and weights() must agree: else a column trains unread
     return router
 
 
@@ -230,7 +231,7 @@ class Routing:
         if self.reference or w.dim() == 3:  # (weights across heads: the stack of route_reference)
             return router.reference(sources, x)
         # within each head, w (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed; autograd
-        # saves the sources themselves, no stacked copy (.type_as: fp32 weights would promote bf16 K/V under autocast)
+        # saves the sources themselves, no stacked copy (.type_as: fp32 weights would promote bf16 K/V to fp32)
         return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(sources[0])
 
 
@@ -248,7 +249,7 @@ def rope_tables(config):
 def apply_rope(x, cos, sin):
     """Rotate pairs (x1[i], x2[i]) = (x[i], x[i + head_dim/2]) by position-dependent angles."""
     x1, x2 = x.chunk(2, dim=-1)  # each (B, heads, T, head_dim/2)
-    # computed in the tables' dtype (bf16 x fp32 is fp32 under autocast; fp64 in a .double() model), then cast back
+    # computed in the tables' dtype (bf16 x fp32 promotes to fp32; fp64 in a .double() model), then cast back
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -359,7 +360,8 @@ class GPT(nn.Module):
             (NOTE so two in a row, Linear-Tanh-Linear, would never learn: such a router sets its own);
           - RMSNorm gains: one;
           - learned routers (weights() a Parameter, its own Linear's too): the identity on the layer's own
-            heads, so that training starts from LLaMA's flow; Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere;
+            heads, Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere (the paper's Appendix E writes
+            sqrt(3 / (l + 1) * n_kv), meaning fan_in = (l + 1) n_kv, as the authors' code reads it);
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that."""
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
