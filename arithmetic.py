@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,11 @@ class Task:
     def name(self):
         """A short label of the regime, e.g. 'mod11-answer' or 'int-steps'."""
         return f"{'int' if self.field == 'int' else f'mod{self.modulus}'}-{self.target}"
+
+    @property
+    def folder(self):
+        """The name of a folder of its data, as grid.py names them: 'int-steps-operators-4-5-6'."""
+        return f"{self.name}-{self.count}-{'-'.join(map(str, self.tiers))}"
 
     @property
     def label(self):
@@ -318,6 +324,7 @@ def generate(task, seed, train_size, test_size):
 
 SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
 FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data folder of the task holds
+UNFINISHED = "unfinished"  # there while prepare() writes a folder: one without meta.json is then its own, cut short
 
 
 def regime(meta):
@@ -339,7 +346,7 @@ def describe(regime):
 def command(regime, data_dir):
     """The prepare_data.py command that builds `regime`'s data in data_dir."""
     t, default = Task.from_meta(regime), Task()
-    flags = [f"--data-dir {data_dir}", f"--field {t.field}", f"--count {t.count}",
+    flags = [f"--data-dir {shlex.quote(str(data_dir))}", f"--field {t.field}", f"--count {t.count}",
              f"--tiers {','.join(map(str, t.tiers))}", f"--target {t.target}"]
     flags += [f"--modulus {t.modulus}"] * (t.field == "mod" and t.modulus != default.modulus)
     flags += [f"--max-operand {t.max_operand} --max-value {t.max_value}"] * (
@@ -436,6 +443,7 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
         if change:  # meta.json says this data, a file says otherwise: a line cut, edited or lost
             raise UsageError(f"{change}: give another --data-dir, or --overwrite to replace it")
         if have == want:
+            (data_dir / UNFINISHED).unlink(missing_ok=True)  # (cut short before it had deleted anything)
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
         if have:
@@ -448,9 +456,16 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
     if odd:
         raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
+    marker = data_dir / UNFINISHED
+    if there and not overwrite and not (data_dir / "meta.json").exists() and not marker.exists():
+        # NOTE files by the data's names, but not left by a preparation cut short: a user's, never ours to replace
+        raise UsageError(f"{data_dir} holds {', '.join(p.name for p in there)} but no meta.json, and not as data this "
+                         "code was writing: give another --data-dir, or --overwrite to replace them")
     data = generate(task, seed, train_size, test_size)
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
-    # last, the folder is unfinished (a reader refuses it; see the end of load), and then holds the new data alone
+    # last, the folder is unfinished (a reader refuses it; see the end of load; the marker says it is ours), and then
+    # holds the new data alone
+    atomic_write(marker, lambda f: f.write(b"prepare_data.py was writing this folder: the same command finishes it\n"))
     for stale in there:
         if stale.stem not in data:
             stale.unlink()
@@ -460,6 +475,7 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
     meta = dict(vocab=task.vocab(), **{k: want[k] for k in SIZES}, **dataclasses.asdict(task))
     atomic_write(data_dir / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
+    marker.unlink()
     print(f"{data_dir / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
 
 
@@ -492,13 +508,14 @@ def load(data_dir, trained_on=None):
     unfinished or damaged: meta.json missing or unreadable, a split missing or empty, a line of another regime
     than meta.json names (see line_problem)."""
     data_dir = Path(data_dir)
+    where = f" --data-dir {shlex.quote(str(data_dir))}"
     rebuild = f"rebuild it with `{command(trained_on, data_dir)} --overwrite`" if trained_on else \
-        f"rebuild it with `python prepare_data.py arithmetic --data-dir {data_dir} --overwrite` and its flags"
+        f"rebuild it with `python prepare_data.py arithmetic{where} --overwrite` and its flags"  # (until meta.json)
     if not (data_dir / "meta.json").exists():
         if trained_on:
             raise DataError(f"no arithmetic data in {data_dir}: give --data-dir the folder this run was trained "
                             f"on, or {rebuild.removesuffix(' --overwrite`')}`")
-        where = "" if data_dir.resolve() == Path("data/arithmetic").resolve() else f" --data-dir {data_dir}"
+        where = "" if data_dir.resolve() == Path("data/arithmetic").resolve() else where
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     seen = file_state(data_dir / "meta.json")  # compared once every split is read: see the end
     meta = read_json(data_dir / "meta.json", keys=("vocab",))
@@ -513,9 +530,14 @@ def load(data_dir, trained_on=None):
     if trained_on:
         have, want = regime(meta), regime(trained_on)
         differ = [k for k in want if k in have and have[k] != want[k]]
-        if differ:
+        if differ:  # NOTE not "rebuild it" there: that would replace the other regime's data (a grid's, ...)
+            elsewhere = data_dir.parent / Task.from_meta(want).folder
+            make = f"make it in a folder of its own with `{command(trained_on, elsewhere)}`" \
+                if elsewhere.resolve() != data_dir.resolve() else rebuild
             raise DataError(f"{data_dir} holds {describe(have)}, but the run was trained on {describe(want)}: give "
-                            f"--data-dir the run's data, or {rebuild}")
+                            f"--data-dir the run's data, or {make}")
+    else:  # the flags that make this folder's data again, from its meta.json
+        rebuild = f"rebuild it with `{command(regime(meta), data_dir)} --overwrite`"
     names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]
     if "field" not in meta and not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
         names = names[:1 + len(task.tiers)]  # made before the validation split (and the regime's fields) existed

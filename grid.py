@@ -25,6 +25,7 @@ from cli import DataError, Parser, UsageError, a_path, folder_problem, holding, 
 import ctypes
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -51,15 +52,19 @@ def regimes(args):
             modulus = args.modulus if field == "mod" else arithmetic.Task.modulus  # (int data: the default)
             task = arithmetic.Task(field=field, modulus=modulus, count=args.count, tiers=tiers,
                                    target=target).check_fits()  # (new data: its samples must fit a block)
-            name = f"{task.name}-{task.count}-{'-'.join(map(str, tiers))}"  # e.g. int-steps-operators-4-5-6
-            out.append((name, task))
+            out.append((task.folder, task))  # e.g. int-steps-operators-4-5-6
     return out
+
+
+def data_of(task, args):
+    """The grid's data of a regime, as arithmetic.regime() reads a meta.json or a run's config: seed 0 and its sizes."""
+    return dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
 
 
 def prepare(data_dir, task, args, generate=True):
     """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
     `generate`, one that holds nothing yet is generated; without, the lines of one reused are checked too."""
-    want = dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
+    want = data_of(task, args)
     # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again)
     have = arithmetic.holds(data_dir) if (data_dir / "meta.json").exists() else None
     if have is not None and have != want:
@@ -88,7 +93,8 @@ def main(argv=None):
     p = Parser(prog="grid.py", description=__doc__)
     words = arithmetic.CHOICES
     p.add_argument("--fields", default=",".join(words["field"]), help=f"comma-separated: {', '.join(words['field'])}")
-    p.add_argument("--targets", default=",".join(words["target"]), help=f"comma-separated: {', '.join(words['target'])}")
+    p.add_argument("--targets", default=",".join(words["target"]),
+                   help=f"comma-separated: {', '.join(words['target'])}")
     p.add_argument("--count", default=arithmetic.DEFAULTS["count"], choices=words["count"],
                    help="what a tier counts")
     p.add_argument("--tiers", default=",".join(map(str, arithmetic.DEFAULTS["tiers"])),
@@ -107,8 +113,8 @@ def main(argv=None):
         # everything is checked before anything is written: the flags, the routers, the flags for train.py,
         # the folders, and what the folders hold already
         args = p.parse_args(argv)
-        if args.jobs < 1 or args.epochs <= 0 or args.train_size < 1 or args.test_size < 1:
-            raise UsageError("--jobs, --epochs, --train-size and --test-size must be positive")
+        if args.jobs < 1 or not 0 < args.epochs < math.inf or args.train_size < 1 or args.test_size < 1:  # (nan too)
+            raise UsageError("--jobs, --epochs, --train-size and --test-size must be positive (--epochs finite)")
         try:
             seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
             grid = regimes(args)
@@ -120,6 +126,8 @@ def main(argv=None):
             raise UsageError(f"--modulus is for the mod field, and --fields={args.fields} has none")
         if min(seeds) < 0:
             raise UsageError(f"--seeds must be >= 0, got {min(seeds)}")
+        if max(seeds) > 2**63 - 1:  # (as train.py's --seed: torch's generator takes no more)
+            raise UsageError(f"--seeds must be at most 2**63 - 1, got {max(seeds)}")
         routers = list(dict.fromkeys(args.routers.split(",")))
         for router in routers:
             try:
@@ -127,8 +135,10 @@ def main(argv=None):
             except ValueError as e:
                 raise UsageError(f"--routers: {e}") from None
         whole = "the grid runs every run to its end (Ctrl-C stops them all; the same command goes on)"
+        each = "the grid decides it run by run (a finished run is kept, an unfinished one resumes, one that never " \
+            "saved starts over)"
         ours = {"--max-steps": "the grid sets every run's length, with --epochs",
-                "--stop-at": whole, "--dry-run": whole}
+                "--stop-at": whole, "--dry-run": whole, "--resume": each, "--overwrite": each}
         for name in [token.split("=")[0] for token in extra if token.startswith("--")]:  # as train.py reads them,
             for flag in [f for f in ours if len(name) >= 4 and f.startswith(name)]:  # abbreviated too (--dry)
                 raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
@@ -156,30 +166,10 @@ def main(argv=None):
             taken = [f"--{k.replace('_', '-')}" for k, v in ours.items() if config.get(k) != v]
             if taken:
                 raise UsageError(f"the flags for train.py: {', '.join(taken)} is the grid's to set, run by run")
+        tasks = dict(grid)
         for name, router, seed, _ in runs:
-            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
-            if (out / "summary.json").exists():
-                summary = read_summary(out)  # a finished run is kept: it has to be readable, this run, of this budget
-                if (summary["router"], summary.get("seed")) != (router, seed):
-                    raise DataError(f"{out / 'summary.json'} is of router {summary['router']}, seed "
-                                    f"{summary.get('seed')}, not of the run its folder is for: move it away")
-                kept = read_json(out / "config.json", keys=("epochs",))
-                epochs = kept["epochs"]
-                if not of_kind(epochs, float):
-                    raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
-                if epochs != args.epochs:
-                    raise UsageError(f"{out} is a finished run of --epochs {epochs:g}, not {args.epochs:g}: a "
-                                     "finished run is kept, so give another --out-dir for another budget")
-                # and of these flags (what the grid fits to each regime's data aside)
-                other = differences(kept, configs[router], {"max_steps", "warmup_steps", "block_size", "vocab_size",
-                                                            "task"})
-                for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
-                    if None not in (kept[k], configs[router][k]) and not of_kind(kept[k], type(configs[router][k])):
-                        raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
-                if other:
-                    raise UsageError(f"{out} is a finished run of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
-                                     f"{', '.join(repr(configs[router][k]) for k in other)}: a finished run is kept, "
-                                     "so give another --out-dir for other flags")
+            check_kept(Path(args.out_dir) / name / f"{router}-seed{seed}", router, seed, tasks[name], configs[router],
+                       args)
         made = [Path(f) for f in (args.out_dir, args.data_root) if not Path(f).exists()]
         # held from here: a second grid there at once (it would start the same runs again, and the runs of both
         # would write one train.out) is refused before it writes
@@ -195,6 +185,47 @@ def main(argv=None):
                     with suppress(OSError):  # (rmdir takes an empty folder only: another's data stays)
                         folder.rmdir()
                 raise
+
+
+def check_kept(out, router, seed, task, config, args):
+    """A run the grid keeps (finished) or goes on with (its checkpoint: --resume) has to be readable, this run, of
+    this budget, data and flags (`config`: what train.py makes of them): else a line now, not a run refused (or a
+    table of runs of another setting) later. A run that has neither is started over: nothing to check."""
+    finished = (out / "summary.json").exists()
+    if not finished and not ((out / "ckpt.pt").exists() and (out / "config.json").exists()):
+        return
+    if finished:
+        summary = read_summary(out)
+        if (summary["router"], summary.get("seed")) != (router, seed):
+            raise DataError(f"{out / 'summary.json'} is of router {summary['router']}, seed {summary.get('seed')}, "
+                            "not of the run its folder is for: move it away")
+    what, kept_as = ("a finished run", "a finished run is kept") if finished else \
+        ("an unfinished run", "a run goes on from its checkpoint")
+    kept = read_json(out / "config.json", keys=("epochs",))
+    epochs = kept["epochs"]
+    if not of_kind(epochs, float):
+        raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
+    if epochs != args.epochs:
+        raise UsageError(f"{out} is {what} of --epochs {epochs:g}, not {args.epochs:g}: {kept_as}, so give another "
+                         "--out-dir for another budget")
+    # trained on the grid's data: another --train-size (its regime's folder name is the same) is other data
+    try:
+        trained_on = arithmetic.regime(kept["task"]) if kept.get("task") else None  # (older: unrecorded)
+    except (DataError, KeyError, TypeError):
+        raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'task' is {kept['task']!r}") from None
+    if trained_on and trained_on != data_of(task, args):
+        raise UsageError(f"{out} is {what} on {arithmetic.describe(trained_on)}, not the grid's "
+                         f"{arithmetic.describe(data_of(task, args))}: {kept_as}, so give another --out-dir for "
+                         "other data")
+    # and of these flags (what the grid fits to each regime's data aside)
+    other = differences(kept, config, {"max_steps", "warmup_steps", "block_size", "vocab_size", "task"})
+    for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
+        if None not in (kept[k], config[k]) and not of_kind(kept[k], type(config[k])):
+            raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
+    if other:
+        raise UsageError(f"{out} is {what} of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
+                         f"{', '.join(repr(config[k]) for k in other)}: {kept_as}, so give another --out-dir for "
+                         "other flags")
 
 
 def train_command(router, seed, data_dir, out, args, extra, fit=()):

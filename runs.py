@@ -562,9 +562,15 @@ def run_files(out_dir):
 def never_trained(out_dir, found):
     """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and an
     empty log.jsonl alone, as a run out of memory in its first step leaves, or one stopped as it began (a signal
-    before its loop). Nothing there to keep: the same command runs again, without --overwrite."""
-    log = Path(out_dir) / "log.jsonl"
-    return set(found) <= {"config.json", "log.jsonl"} and (not log.exists() or log.stat().st_size == 0)
+    before its loop). Nothing there to keep: the same command runs again, without --overwrite. A config.json that
+    is not a run's (a file of the user's by that name) is something to keep."""
+    log, config = Path(out_dir) / "log.jsonl", Path(out_dir) / "config.json"
+    if not (set(found) <= {"config.json", "log.jsonl"} and (not log.exists() or log.stat().st_size == 0)):
+        return False
+    try:
+        return not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys()
+    except (ValueError, AttributeError):  # (not JSON, not UTF-8, or JSON but no object)
+        return False
 
 
 def clear_run(out_dir):

@@ -8,6 +8,7 @@ import json
 import operator
 import os
 import re
+import shlex
 import threading
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ import arithmetic
 import cli
 import prepare_data
 from cli import DataError, UsageError
-from conftest import ANSWERS, error_of
+from conftest import ANSWERS, error_of, snapshot
 from data import evaluate, evaluate_loss
 from lime import GPT, GPTConfig
 
@@ -244,7 +245,8 @@ def test_final_answer_parsing():
 
 def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     """The same data again: nothing to do; an unfinished folder: finished. Other data: refused (test_cli), or
-    replaced with --overwrite, and then the folder holds the new data alone."""
+    replaced with --overwrite, and then the folder holds the new data alone. Files by the data's names that this code
+    was not writing (no meta.json, no marker: a user's) were replaced, without a word: refused, untouched."""
     folder = tmp_path / "data"
     args = ["arithmetic", "--data-dir", str(folder), "--field=int", "--count=operands", "--tiers=4,5,6",
             "--target=steps", "--train-size", "30", "--test-size", "4"]
@@ -257,6 +259,12 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     (folder / "meta.json").unlink()  # what an interrupted run leaves: written last, so missing
     (folder / "train.txt").write_text("1 +\n")
+    theirs = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert error_of(prepare_data.main, args, capsys) == f"prepare_data.py: error: {folder} holds test_4.txt, " \
+        "test_5.txt, test_6.txt, train.txt, val_4.txt, val_5.txt, val_6.txt but no meta.json, and not as data this " \
+        "code was writing: give another --data-dir, or --overwrite to replace them"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == theirs
+    (folder / arithmetic.UNFINISHED).write_text("")  # ... and the marker an interrupted run leaves: its own
     prepare_data.main(args)  # the same command again finishes it: no --overwrite needed
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     prepare_data.main(["arithmetic", "--data-dir", str(folder), "--tiers=2,3", "--train-size", "30", "--test-size", "4",
@@ -415,8 +423,9 @@ def test_data_of_another_range_of_numbers_says_so(tmp_path):
     assert str(e.value) == (
         f"{tmp_path} holds int-steps, tiers 4,5,6 operands, max_operand 10, max_value 999 (seed 0; 5 train, 2 test, 2 "
         "val a tier), but the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a "
-        f"tier): give --data-dir the run's data, or rebuild it with `python prepare_data.py arithmetic --data-dir "
-        f"{tmp_path} --field int --count operands --tiers 4,5,6 --target steps --train-size 5 --test-size 2 --overwrite`")
+        "tier): give --data-dir the run's data, or make it in a folder of its own with `python prepare_data.py "
+        f"arithmetic --data-dir {tmp_path.parent / 'int-steps-operands-4-5-6'} --field int --count operands --tiers "
+        "4,5,6 --target steps --train-size 5 --test-size 2`")  # (not "--overwrite" there: the other data is kept)
 
 
 @pytest.mark.parametrize("task, edit, message", [
@@ -494,3 +503,20 @@ def test_tiers_are_distinct():
         with pytest.raises(DataError, match=re.escape(f"--tiers must be distinct numbers of at least 1 operator (2 "
                                                       f"operands), got {list(tiers)}")):
             arithmetic.Task(tiers=tiers)
+
+
+def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys):
+    """A split lost: the command in the message is the one that makes the folder's own regime again (from its
+    meta.json, not the default regime with "and its flags"), and it runs as pasted, a space in the path too."""
+    folder = tmp_path / "my data"
+    arithmetic.prepare(folder, arithmetic.Task(field="mod", target="answer", tiers=(2,)), seed=3, train_size=20,
+                       test_size=4)
+    before = snapshot(folder)
+    (folder / "val_2.txt").unlink()
+    with pytest.raises(DataError) as e:
+        arithmetic.load(folder)
+    rebuild = f"python prepare_data.py arithmetic --data-dir '{folder}' --field mod --count operands --tiers 2 " \
+              "--target answer --seed 3 --train-size 20 --test-size 4 --overwrite"
+    assert str(e.value) == f"{folder / 'val_2.txt'} is missing: rebuild it with `{rebuild}`"
+    prepare_data.main(shlex.split(rebuild)[2:])
+    assert snapshot(folder) == before

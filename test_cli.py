@@ -616,9 +616,10 @@ DAMAGED = [
      ("no arithmetic data in ", ": give --data-dir the folder this run was trained on, or rebuild it with `python "
       "prepare_data.py arithmetic --data-dir ", " --target steps --train-size 100 --test-size 10`")),
     ("train", then(on_the_copy, another_regime, resume), 1,
-     "holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier), but the run was trained on "
-     "int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give --data-dir the run's data, "
-     "or rebuild it with `python prepare_data.py arithmetic --data-dir "),
+     ("holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier), but the run was trained on "
+      "int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier): give --data-dir the run's data, "
+      "or make it in a folder of its own with `python prepare_data.py arithmetic --data-dir ",
+      "int-steps-operands-4-5-6 --field int")),  # (a new folder: "--overwrite" there replaced the other regime's data)
     ("train", then(lambda d, r, t: ((r / "log.jsonl").unlink(), (r / "log.jsonl").mkdir()),
                    lambda d, r, t: tiny_args(d, r, "--overwrite")), 1,
      "log.jsonl is not a file but a run's files go by that name: move it away"),  # not half the run deleted

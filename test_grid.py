@@ -28,6 +28,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
             "--micro-batch-size=8", "--log-interval=1"]
     (tmp_path / "data" / "mod11-answer-operators-2-3").mkdir(parents=True)  # a generation cut short: made again
     (tmp_path / "data" / "mod11-answer-operators-2-3" / "train.txt").write_text("1 + 1 = 2\n")
+    (tmp_path / "data" / "mod11-answer-operators-2-3" / arithmetic.UNFINISHED).write_text("")  # (the marker it leaves)
     killed = tmp_path / "out" / "mod11-answer-operators-2-3" / "lime-seed1"  # before its first checkpoint
     killed.mkdir(parents=True)
     (killed / "log.jsonl").write_text('{"step": 1, "loss": 3.2}\n')
@@ -58,9 +59,15 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert f"{regime / 'lime-seed1'} is a finished run of lr 0.001, not 0.01: a finished run is kept, so give " \
         "another --out-dir for other flags" in error_of(grid.main, [*args, "--lr=0.01"], capsys)  # before the others
     assert snapshot(regime) == before
+    other = [a if a != "40" else "48" for a in args]  # other data, in a folder of the same name: the runs kept as if
+    other[other.index("--data-root") + 1] = str(tmp_path / "data48")  # of it, without a word
+    assert f"{regime / 'lime-seed1'} is a finished run on mod11-answer, tiers 2,3 operators (seed 0; 40 train, 6 " \
+        "test, 6 val a tier), not the grid's mod11-answer, tiers 2,3 operators (seed 0; 48 train, 6 test, 6 val a " \
+        "tier): a finished run is kept, so give another --out-dir for other data" in error_of(grid.main, other, capsys)
+    assert snapshot(regime) == before and not (tmp_path / "data48").exists()
     lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
     config = json.loads((lime / "config.json").read_text())
-    for key, value in [("epochs", "0.5"), ("lr", "x"), ("n_layer", "2")]:
+    for key, value in [("epochs", "0.5"), ("lr", "x"), ("n_layer", "2"), ("task", {"tiers": "2"})]:
         (lime / "config.json").write_text(json.dumps({**config, key: value}))
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
@@ -72,6 +79,12 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     shutil.copy(none / "summary.json", lime / "summary.json")
     assert error_of(grid.main, args, capsys, code=1).endswith(
         f"{lime / 'summary.json'} is of router none, seed 1, not of the run its folder is for: move it away")
+    (lime / "summary.json").unlink()  # a run stopped before its end goes on from its checkpoint: checked up front
+    before = snapshot(regime)  # too (each run was refused as it started: "FAILED, exit 2: --resume: ...")
+    assert error_of(grid.main, [a if a != "0.5" else "1" for a in args], capsys) == f"grid.py: error: {lime} is an " \
+        "unfinished run of --epochs 0.5, not 1: a run goes on from its checkpoint, so give another --out-dir for " \
+        "another budget"
+    assert snapshot(regime) == before
 
 
 def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, refused):
@@ -181,7 +194,11 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, r
 @pytest.mark.parametrize("flags, message", [
     (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
     (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
-    (["--", "--resume"], "the flags for train.py: --resume continues the run in --out-dir and --overwrite deletes"),
+    (["--", "--resume"], "the flags for train.py: --resume: the grid decides it run by run (a finished run is kept, "
+                         "an unfinished one resumes, one that never saved starts over)"),
+    (["--", "--over"], "the flags for train.py: --overwrite: the grid decides it run by run"),  # (it ran the grid)
+    (["--epochs", "nan"], "--jobs, --epochs, --train-size and --test-size must be positive (--epochs finite)"),
+    (["--seeds", "1,99999999999999999999"], "--seeds must be at most 2**63 - 1, got 99999999999999999999"),
     (["--", "--see=5"], "the flags for train.py: --seed is the grid's to set, run by run"),  # an abbreviation too
     (["--", "--max-steps=5"], "the flags for train.py: --max-steps: the grid sets every run's length, with --epochs"),
     (["--", "--dry-run"], "the flags for train.py: --dry-run: the grid runs every run to its end"),

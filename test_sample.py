@@ -16,7 +16,7 @@ import prepare_data
 import runs
 import sample
 from generation import generate
-from conftest import edit_checkpoint, error_of
+from conftest import edit_checkpoint, error_of, snapshot
 from data import write_shard
 
 def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
@@ -129,17 +129,21 @@ def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):
         assert arithmetic.Task.from_meta(config["task"]) == arithmetic.Task()
     other = tmp_path / "other"
     arithmetic.prepare(other, arithmetic.Task(field="mod", target="answer"), seed=0, train_size=5, test_size=2)
-    rebuild = (f"python prepare_data.py arithmetic --data-dir {other} --field int --count operands --tiers 4,5,6 "
-               "--target steps --train-size 100 --test-size 10 --overwrite")
+    mine = tmp_path / "int-steps-operands-4-5-6"  # a folder of its own, named as grid.py names them
+    make = (f"python prepare_data.py arithmetic --data-dir {mine} --field int --count operands --tiers 4,5,6 "
+            "--target steps --train-size 100 --test-size 10")
     for flags in (["--eval"], ["--start", "1 + 2 + 3 + 4"]):
         err = error_of(sample.main, ["--out-dir", str(arith_run), "--data-dir", str(other), *flags], capsys, code=1)
         assert err == (f"sample.py: error: {other} holds mod11-answer, tiers 4,5,6 operands (seed 0; 5 train, 2 test, "
                        "2 val a tier), but the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 100 train, "
-                       f"10 test, 10 val a tier): give --data-dir the run's data, or rebuild it with `{rebuild}`")
-    # the command it names rebuilds exactly the run's data, which the run then takes
-    prepare_data.main(rebuild.split()[2:])
-    assert sample.main(["--out-dir", str(arith_run), "--data-dir", str(other), "--eval"]) == \
+                       f"10 test, 10 val a tier): give --data-dir the run's data, or make it in a folder of its own "
+                       f"with `{make}`")
+    # the command it names makes exactly the run's data, which the run then takes; the other regime's is kept
+    before = snapshot(other)
+    prepare_data.main(make.split()[2:])
+    assert sample.main(["--out-dir", str(arith_run), "--data-dir", str(mine), "--eval"]) == \
         sample.main(["--out-dir", str(arith_run), "--eval"])
+    assert snapshot(other) == before
 
 
 def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path):

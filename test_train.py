@@ -350,14 +350,18 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     for name in ("routes.png", "entropy.png", "probe.png", "prune.png", "prune.json"):  # what analyze.py writes there
         (old / name).write_bytes(b"a picture of the old run")
     before = snapshot(old)
-    for run in (old, tmp_path / "log-only"):  # a log alone is a run too: one cut short before its first save
+    theirs = tmp_path / "theirs"  # a config.json that is no run's (but for an empty log, a run that never trained)
+    theirs.mkdir()
+    (theirs / "config.json").write_text('{"my": "settings"}\n')
+    for run in (old, tmp_path / "log-only", theirs):  # a log alone is a run too: one cut short before its first save
         if run.name == "log-only":
             run.mkdir()
             (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
         err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
         assert err.startswith(f"train.py: error: {run} already holds a run (")
         assert ("--resume" in err) == (run == old) and "--overwrite" in err  # no advice to resume without a ckpt
-    assert snapshot(old) == before
+    assert snapshot(old) == before and (theirs / "config.json").read_text() == '{"my": "settings"}\n'
+    assert list(theirs.iterdir()) == [theirs / "config.json"]
     train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
     # --overwrite starts over: only the new run's files, the old pictures gone
     assert {p.name for p in old.iterdir()} == {"ckpt.pt", "log.jsonl", "summary.json", "config.json"}
