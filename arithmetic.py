@@ -404,6 +404,16 @@ def edited(data_dir, task, seed, train_size, test_size):
     return None
 
 
+def not_ours(data_dir):
+    """'<data_dir> holds train.txt, ... but no meta.json ...' where data_dir holds files by the data's names that no
+    preparation cut short left (no marker): a user's, never ours to replace unasked; else None."""
+    data_dir = Path(data_dir)
+    if (data_dir / "meta.json").exists() or (data_dir / UNFINISHED).exists() or not data_dir.is_dir():
+        return None
+    there = sorted(p.name for p in data_dir.iterdir() if FILES.fullmatch(p.name))
+    return there and f"{data_dir} holds {', '.join(there)} but no meta.json, and not as data this code was writing"
+
+
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
     """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished (cut short
     while it was generated), and is generated again. The same data there already (made again, and compared line by
@@ -456,11 +466,9 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
     if odd:
         raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
+    if not overwrite and not_ours(data_dir):
+        raise UsageError(f"{not_ours(data_dir)}: give another --data-dir, or --overwrite to replace them")
     marker = data_dir / UNFINISHED
-    if there and not overwrite and not (data_dir / "meta.json").exists() and not marker.exists():
-        # NOTE files by the data's names, but not left by a preparation cut short: a user's, never ours to replace
-        raise UsageError(f"{data_dir} holds {', '.join(p.name for p in there)} but no meta.json, and not as data this "
-                         "code was writing: give another --data-dir, or --overwrite to replace them")
     data = generate(task, seed, train_size, test_size)
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
     # last, the folder is unfinished (a reader refuses it; see the end of load; the marker says it is ours), and then

@@ -65,7 +65,10 @@ def prepare(data_dir, task, args, generate=True):
     """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
     `generate`, one that holds nothing yet is generated; without, the lines of one reused are checked too."""
     want = data_of(task, args)
-    # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again)
+    # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again; or
+    # files of another's: kept)
+    if arithmetic.not_ours(data_dir):
+        raise UsageError(f"{arithmetic.not_ours(data_dir)}: give another --data-root")
     have = arithmetic.holds(data_dir) if (data_dir / "meta.json").exists() else None
     if have is not None and have != want:
         raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "

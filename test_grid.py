@@ -107,6 +107,21 @@ def test_grid_refuses_a_data_folder_of_another_regime(arith_dir, tmp_path, capsy
     assert snapshot(tmp_path) == before
 
 
+def test_grid_refuses_files_of_anothers_where_its_data_goes(tmp_path, capsys, refused):
+    """Files by the data's names, no meta.json, and no marker of a generation cut short: someone else's, kept
+    (they were replaced by the regime's data without a word)."""
+    regime = tmp_path / "data" / "mod11-answer-operators-2"
+    regime.mkdir(parents=True)
+    (regime / "train.txt").write_text("my own lines\n")
+    before = snapshot(tmp_path)
+    assert error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
+                                "--test-size", "6", "--data-root", str(tmp_path / "data"), "--out-dir",
+                                str(tmp_path / "out")], capsys) == \
+        f"grid.py: error: {regime} holds train.txt but no meta.json, and not as data this code was writing: give " \
+        "another --data-root"
+    assert snapshot(tmp_path) == before
+
+
 def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, refused):
     regime = tmp_path / "data" / "mod11-answer-operators-2"  # the grid's data, made before, then a line edited by hand
     arithmetic.prepare(regime, arithmetic.Task(field="mod", count="operators", target="answer", tiers=(2,)), 0, 40, 6)
