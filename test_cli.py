@@ -156,6 +156,68 @@ def test_a_folder_that_cannot_be_written_is_refused_before_anything_is(arith_dir
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture
+def shut(tmp_path, monkeypatch):
+    """A folder this user may not enter (chmod 000), as a user other than root meets it: a stat of anything in it is
+    a PermissionError (Path.exists raises it), and os.access says no. (To root every folder is open: patched.)"""
+    shut = tmp_path.resolve() / "shut"
+    shut.mkdir()
+    access, stat, lstat = os.access, os.stat, os.lstat
+
+    def denied(real):
+        def call(path, *args, **kwargs):
+            if not isinstance(path, int) and shut in Path(os.fsdecode(path)).parents:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "stat", denied(stat))
+    monkeypatch.setattr(os, "lstat", denied(lstat))
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: access(p, mode, **kw) and Path(p) != shut)
+    return shut
+
+
+# (script, argv(a, t, shut), exit code, message(t, shut)): a, the arithmetic data; t, a scratch folder
+IN_A_SHUT_FOLDER = [
+    ("train", lambda a, t, s: tiny_args(a, s / "run"), 2, lambda t, s: f"--out-dir={s / 'run'}: {s} is not writable"),
+    ("prepare_data", lambda a, t, s: ["arithmetic", "--data-dir", str(s / "d")], 2,
+     lambda t, s: f"--data-dir={s / 'd'}: {s} is not writable"),
+    ("grid", lambda a, t, s: ["--out-dir", str(s / "g"), "--data-root", str(t / "d")], 2,
+     lambda t, s: f"--out-dir={s / 'g'}: {s} is not writable"),
+    ("analyze", lambda a, t, s: ["table", str(s / "run")], 1,
+     lambda t, s: f"{s / 'run'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+    ("sample", lambda a, t, s: ["--out-dir", str(s / "run")], 1,
+     lambda t, s: f"{s / 'run' / 'ckpt.pt'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+    ("train", lambda a, t, s: ["--preset=arith", f"--data-dir={s}", f"--out-dir={t / 'run'}"], 1,
+     lambda t, s: f"{s / 'meta.json'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+]
+
+
+@pytest.mark.parametrize("script, argv, code, message", IN_A_SHUT_FOLDER,
+                         ids=[f"{c[0]} {c[2]}" for c in IN_A_SHUT_FOLDER])
+def test_a_path_in_a_folder_this_user_may_not_enter_is_one_line(arith_dir, tmp_path, shut, capsys, refused, script,
+                                                                 argv, code, message):
+    """Not a PermissionError's traceback: a folder to write in is refused (exit 2, as one not writable); a path to
+    read gives the folder on its way that this user may not enter (exit 1)."""
+    main = {"train": train.main, "sample": sample.main, "prepare_data": prepare_data.main, "analyze": analyze.main,
+            "grid": grid.main}[script]
+    before = snapshot(arith_dir, tmp_path)
+    assert error_of(main, argv(arith_dir, tmp_path, shut), capsys, code) == \
+        f"{script}.py: error: {message(tmp_path, shut)}"
+    assert snapshot(arith_dir, tmp_path) == before
+
+
+def test_a_permission_error_is_one_line_where_it_names_a_path(tmp_path, capsys):
+    """A file this user may not read or write: its path and why; one of no path (a signal to another user's
+    process, say) is a fault to see, and keeps its traceback."""
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "log.jsonl"))
+    assert (e.value.code, capsys.readouterr().err) == (1, f"x.py: error: {tmp_path / 'log.jsonl'}: "
+                                                          f"{os.strerror(errno.EACCES)}\n")
+    with pytest.raises(PermissionError), cli.one_line_errors("x.py"):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     """Two runs of an offline preset started at once both generate its data: each write goes through a
     temporary file of its own, so neither renames the other's away (a FileNotFoundError once)."""
