@@ -127,6 +127,9 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     term = signal.getsignal(signal.SIGTERM)
     if term is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, raise_interrupted)  # the same for SIGTERM, which would kill it in silence
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes (\udcff) or a '±' that the output's encoding
+        if hasattr(stream, "reconfigure"):  # lacks print escaped, not as a UnicodeEncodeError once the work is done
+            stream.reconfigure(errors="backslashreplace")
     try:
         yield
     except UsageError as e:

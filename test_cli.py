@@ -5,6 +5,7 @@ import ast
 import contextlib
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
@@ -216,6 +217,23 @@ def test_a_permission_error_is_one_line_where_it_names_a_path(tmp_path, capsys):
                                                           f"{os.strerror(errno.EACCES)}\n")
     with pytest.raises(PermissionError), cli.one_line_errors("x.py"):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+
+def test_what_the_output_cannot_encode_prints_escaped(tmp_path, monkeypatch):
+    """A path of bytes that are not UTF-8 (Python reads them as surrogates, \\udcff) printed to an output that is
+    strict (PYTHONIOENCODING=utf-8:strict, or a UTF-8 locale): escaped, not a UnicodeEncodeError once the work is
+    done (train.py's run saved, analyze.py's picture)."""
+    run = tmp_path / os.fsdecode(b"run\xff")
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(dict(router="lime")))
+    (run / "log.jsonl").write_text('{"step": 1, "val_loss": 0.5}\n{"step": 2')  # a cut last line: a notice naming it
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", errors="strict"))
+    monkeypatch.setattr(analyze, "pyplot", lambda: None)  # (no picture: the notice is what this looks at)
+    analyze.main(["curves", str(run)])
+    sys.stdout.flush()
+    said = f"{run.resolve() / 'log.jsonl'}: its last line was cut short".encode(errors="backslashreplace")
+    assert b"/run\\udcff/log.jsonl" in said and said in out.getvalue()
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
