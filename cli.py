@@ -311,6 +311,8 @@ def read_json(path, keys=()):
     """The JSON object in `path`, with `keys` among its keys; a DataError naming the file otherwise
     (missing, empty, cut short, not JSON, or not what this repo writes)."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO, whose read would wait for a writer forever; a folder
+        raise DataError(f"{path} is not a file")
     try:
         value = json.loads(path.read_bytes())
     except FileNotFoundError:

@@ -236,6 +236,37 @@ def test_what_the_output_cannot_encode_prints_escaped(tmp_path, monkeypatch):
     assert b"/run\\udcff/log.jsonl" in said and said in out.getvalue()
 
 
+@contextlib.contextmanager
+def within(seconds):
+    """The body, failed after `seconds` where it would wait forever (an open of a FIFO that no one writes)."""
+    def late(signum, frame):
+        pytest.fail(f"still waiting after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs (Windows)")
+def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, capsys):
+    """A FIFO where a run's file should be (mkfifo, by hand or by a tool): its read would wait for a writer forever.
+    Each reader refuses it as train.py does, with one line."""
+    for name, argv in (("summary.json", ["table"]), ("config.json", ["curves"]), ("log.jsonl", ["curves"]),
+                       ("ckpt.pt", ["routes", "--out-dir"])):
+        run = tmp_path / f"run-{name}"
+        shutil.copytree(arith_run, run)
+        (run / name).unlink()
+        os.mkfifo(run / name)
+        before = snapshot(run)
+        with within(10):
+            assert error_of(analyze.main, [*argv, str(run)], capsys, 1) == \
+                f"analyze.py: error: {run / name} is not a file"
+        assert snapshot(run) == before
+
+
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     """Two runs of an offline preset started at once both generate its data: each write goes through a
     temporary file of its own, so neither renames the other's away (a FileNotFoundError once)."""
@@ -757,7 +788,7 @@ DAMAGED = [
     ("sample", then(lambda d, r, t: write(r / "ckpt.pt", b""), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is empty"),
     ("sample", then(lambda d, r, t: (r / "ckpt.pt").unlink() or (r / "ckpt.pt").mkdir(),
-                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt cannot be read (Is a directory)"),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt is not a file"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      'ckpt.pt holds a model its config does not describe (Missing key(s) in state_dict: "transformer.h.2.'),
@@ -854,8 +885,7 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is empty"),
     ("analyze", then(lambda d, r, t: ((r / "summary.json").unlink(), (r / "summary.json").mkdir()),
-                     lambda d, r, t: ["table", str(r)]), 1,
-     f"summary.json cannot be read ({os.strerror(errno.EISDIR)})"),
+                     lambda d, r, t: ["table", str(r)]), 1, "summary.json is not a file"),
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
