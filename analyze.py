@@ -282,6 +282,10 @@ def run_folders(paths):
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
     for f in files:
         print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
+    for d in folders:  # a folder of runs (out/grid/<regime>, from out/grid/*): not "no .../summary.json"
+        if not (d / "config.json").exists() and any(d.glob("*/config.json")):
+            raise UsageError(f"{d} holds run folders, not a run: give the runs in it ({d / '*'}; for a glob, one "
+                             f"level deeper: {d.parent / '*' / '*'})")
     return folders
 
 

@@ -392,6 +392,19 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert out.count("val_loss, one seed each:") == 1 and " ± " not in out  # the metric asked for; no sd of one
 
 
+def test_a_folder_of_runs_is_not_taken_for_a_run(tmp_path, capsys):
+    """`table out/grid/*` gives the regimes' folders, one level above the runs: said so, with the glob that gives
+    the runs, not "no .../summary.json (is the run finished?)"."""
+    regime = tmp_path / "grid" / "int-steps"
+    for seed in (1, 2):
+        (regime / f"lime-seed{seed}").mkdir(parents=True)
+        (regime / f"lime-seed{seed}" / "config.json").write_text(json.dumps(dict(router="lime", seed=seed)))
+    for command in ("table", "curves"):
+        assert error_of(analyze.main, [command, str(regime)], capsys) == (
+            f"analyze.py: error: {regime} holds run folders, not a run: give the runs in it ({regime}/*; for a glob, "
+            f"one level deeper: {tmp_path}/grid/*/*)")
+
+
 def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     dirs = []
     for router, acc in (("lime", 0.0), ("none", 0.25), ("first-4", 0.038)):  # lime solved nothing at 6 operands
