@@ -282,6 +282,10 @@ def run_folders(paths):
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
     for f in files:
         print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
+    for d in folders:  # a folder of runs (out/grid/<regime>, from out/grid/*): not "no .../summary.json"
+        if not (d / "config.json").exists() and any(d.glob("*/config.json")):
+            raise UsageError(f"{d} holds run folders, not a run: give the runs in it ({d / '*'}; for a glob, one "
+                             f"level deeper: {d.parent / '*' / '*'})")
     return folders
 
 
@@ -316,16 +320,24 @@ def eval_rows(run_dir):
 
 def cmd_curves(args):
     """{label: {metric: [(step, mean, sd, seeds)]}}: one curve per setting (runs.seed_group), the mean and
-    the sample standard deviation over its seeds, at every step that all of its runs have evaluated."""
+    the sample standard deviation over its seeds, at every step that all of its runs have evaluated (a run yet to
+    evaluate is left out, with a line that says so)."""
     if args.rows < 1:
         raise UsageError(f"--rows must be positive, got {args.rows}")
     if args.out and Path(args.out).suffix.lower() != ".png":  # never a PNG written over notes.md
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
     folders = run_folders(args.run_dirs)
-    configs, logs = zip(*map(eval_rows, folders))
+    read = {d: eval_rows(d) for d in folders}
+    evaluated = [d for d in folders if read[d][1]]  # the others stopped, or are still training, before their first
+    if not evaluated:
+        raise DataError(f"no evaluation yet in {', '.join(map(str, folders))}")
+    for d in folders:
+        if d not in evaluated:  # (a grid watched as it runs: the curves of the runs that have one)
+            print(f"left out {d}: no evaluation yet", file=sys.stderr)
+    configs, logs = zip(*map(read.get, evaluated))
     groups = tables.by_setting(configs, logs)  # {setting: each seed's evaluations}
     tiers = [{int(k.removeprefix("val_acc_")) for r in rows for k in r if re.fullmatch(r"val_acc_\d+", k)}
-             for seeds in groups.values() for rows in seeds if rows]  # each run's that has evaluated
+             for seeds in groups.values() for rows in seeds]
     if not args.metric and any(tiers) and not set.intersection(*tiers):
         raise UsageError("these runs share no tier of validation accuracy: give --metric (val_loss, say)")
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest

@@ -127,6 +127,9 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     term = signal.getsignal(signal.SIGTERM)
     if term is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, raise_interrupted)  # the same for SIGTERM, which would kill it in silence
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes (\udcff) or a '±' that the output's encoding
+        if hasattr(stream, "reconfigure"):  # lacks print escaped, not as a UnicodeEncodeError once the work is done
+            stream.reconfigure(errors="backslashreplace")
     try:
         yield
     except UsageError as e:
@@ -148,6 +151,12 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         out_of_memory(script, e)
     except MemoryError as e:  # numpy's or Python's own (a batch of rows too large to draw)
         out_of_memory(script, e)
+    except PermissionError as e:  # a path under a folder this user may not enter (Path.exists raises then), say
+        if e.filename is None:
+            raise  # not a file's (a signal to another user's process): a fault to see
+        shut = next((p for p in reversed(Path(e.filename).parents) if os.path.isdir(p) and not os.access(p, os.X_OK)),
+                    None)
+        fail(script, f"error: {e.filename}: {e.strerror}" + (f" (this user may not enter {shut})" if shut else ""), 1)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
@@ -288,10 +297,10 @@ def file_state(path):
 
 def folder_problem(path):
     """Why `path` cannot be a folder to write in (its first existing part is a file, say), or None."""
-    for p in [Path(path), *Path(path).parents]:
-        if p.is_symlink() and not p.exists():  # (mkdir would find the name taken, and stop with a traceback)
-            return f"{p} is a symbolic link to nothing (or back to itself)"
-        if p.exists():
+    for p in [Path(path), *Path(path).parents]:  # (os.path's tests: False under a folder this user may not enter,
+        if os.path.islink(p) and not os.path.exists(p):  # which is named next, where Path's raise a PermissionError)
+            return f"{p} is a symbolic link to nothing (or back to itself)"  # (mkdir would find the name taken)
+        if os.path.exists(p):
             if not p.is_dir():
                 return f"{p} is a file, not a folder"
             return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
@@ -302,6 +311,8 @@ def read_json(path, keys=()):
     """The JSON object in `path`, with `keys` among its keys; a DataError naming the file otherwise
     (missing, empty, cut short, not JSON, or not what this repo writes)."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO, whose read would wait for a writer forever; a folder
+        raise DataError(f"{path} is not a file")
     try:
         value = json.loads(path.read_bytes())
     except FileNotFoundError:

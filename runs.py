@@ -341,6 +341,8 @@ class Signals:
 def read_log(path, advice=""):
     """The rows of a log.jsonl, and a notice if its last line was cut short (what a power cut leaves),
     which is dropped; a line in the middle that is not a row is a DataError, ending with `advice`."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose read would wait for a writer forever
+        raise DataError(f"{path} is not a file{advice}")
     try:
         lines, rows, notice = Path(path).read_text().splitlines(), [], None
     except (OSError, UnicodeDecodeError) as e:
@@ -585,11 +587,13 @@ def read_checkpoint(out_dir):
     path = Path(out_dir) / "ckpt.pt"
     if not path.exists():
         raise DataError(f"no checkpoint at {path}")
-    if path.is_file() and not path.stat().st_size:  # (a folder's size is 0 on some file systems, btrfs's)
+    if not path.is_file():  # a FIFO, which torch.load would wait on forever; a folder
+        raise DataError(f"{path} is not a file")
+    if not path.stat().st_size:
         raise DataError(f"{path} is empty (cut short while it was written?)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except OSError as e:  # not the file's contents: this user may not read it, or it is a folder
+    except OSError as e:  # not the file's contents: this user may not read it
         raise DataError(f"{path} cannot be read ({e.strerror or type(e).__name__})") from None
     except Exception as e:
         raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None

@@ -376,17 +376,33 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
         tables.results_table([json.loads((tmp_path / "4-5-6" / "summary.json").read_text()),
                               dict(router="none", val_ppl=2.0)])  # a language run beside them: not perplexities alone
     assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
-    fresh = tmp_path / "fresh"  # a run that has not evaluated yet: the tiers are the other runs'
+    fresh = tmp_path / "fresh"  # a run that has not evaluated yet (stopped, or still training): left out, with a line
     shutil.copytree(dirs[0], fresh)
     (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n")
     (fresh / "config.json").write_text(json.dumps(dict(router="none", task=task, seed=1, max_steps=10)))
-    assert "none, mod11-answer, tiers 2,3 operators, 10 steps: no evaluation with val_acc_3 in all of its 1 run(s)" in \
-        error_of(analyze.main, ["curves", dirs[1], str(fresh)], capsys, code=1)
     capsys.readouterr()
+    assert list(analyze.main(["curves", dirs[1], str(fresh), "--out", str(tmp_path / "c.png")])) == [
+        "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
+    assert capsys.readouterr().err == f"left out {fresh}: no evaluation yet\n"
+    assert error_of(analyze.main, ["curves", str(fresh)], capsys, code=1) == \
+        f"analyze.py: error: no evaluation yet in {fresh}"  # (none at all: nothing to draw)
     assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
     out = capsys.readouterr().out
     assert out.count("val_loss, one seed each:") == 1 and " ± " not in out  # the metric asked for; no sd of one
+
+
+def test_a_folder_of_runs_is_not_taken_for_a_run(tmp_path, capsys):
+    """`table out/grid/*` gives the regimes' folders, one level above the runs: said so, with the glob that gives
+    the runs, not "no .../summary.json (is the run finished?)"."""
+    regime = tmp_path / "grid" / "int-steps"
+    for seed in (1, 2):
+        (regime / f"lime-seed{seed}").mkdir(parents=True)
+        (regime / f"lime-seed{seed}" / "config.json").write_text(json.dumps(dict(router="lime", seed=seed)))
+    for command in ("table", "curves"):
+        assert error_of(analyze.main, [command, str(regime)], capsys) == (
+            f"analyze.py: error: {regime} holds run folders, not a run: give the runs in it ({regime}/*; for a glob, "
+            f"one level deeper: {tmp_path}/grid/*/*)")
 
 
 def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):

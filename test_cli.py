@@ -5,6 +5,7 @@ import ast
 import contextlib
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
@@ -154,6 +155,116 @@ def test_a_folder_that_cannot_be_written_is_refused_before_anything_is(arith_dir
     err = error_of(train.main, tiny_args(arith_dir, tmp_path / "runs" / "a"), capsys)
     assert err == f"train.py: error: --out-dir={tmp_path / 'runs' / 'a'}: {tmp_path} is not writable"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def shut(tmp_path, monkeypatch):
+    """A folder this user may not enter (chmod 000), as a user other than root meets it: a stat of anything in it is
+    a PermissionError (Path.exists raises it), and os.access says no. (To root every folder is open: patched.)"""
+    shut = tmp_path.resolve() / "shut"
+    shut.mkdir()
+    access, stat, lstat = os.access, os.stat, os.lstat
+
+    def denied(real):
+        def call(path, *args, **kwargs):
+            if not isinstance(path, int) and shut in Path(os.fsdecode(path)).parents:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "stat", denied(stat))
+    monkeypatch.setattr(os, "lstat", denied(lstat))
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: access(p, mode, **kw) and Path(p) != shut)
+    return shut
+
+
+# (script, argv(a, t, shut), exit code, message(t, shut)): a, the arithmetic data; t, a scratch folder
+IN_A_SHUT_FOLDER = [
+    ("train", lambda a, t, s: tiny_args(a, s / "run"), 2, lambda t, s: f"--out-dir={s / 'run'}: {s} is not writable"),
+    ("prepare_data", lambda a, t, s: ["arithmetic", "--data-dir", str(s / "d")], 2,
+     lambda t, s: f"--data-dir={s / 'd'}: {s} is not writable"),
+    ("grid", lambda a, t, s: ["--out-dir", str(s / "g"), "--data-root", str(t / "d")], 2,
+     lambda t, s: f"--out-dir={s / 'g'}: {s} is not writable"),
+    ("analyze", lambda a, t, s: ["table", str(s / "run")], 1,
+     lambda t, s: f"{s / 'run'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+    ("sample", lambda a, t, s: ["--out-dir", str(s / "run")], 1,
+     lambda t, s: f"{s / 'run' / 'ckpt.pt'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+    ("train", lambda a, t, s: ["--preset=arith", f"--data-dir={s}", f"--out-dir={t / 'run'}"], 1,
+     lambda t, s: f"{s / 'meta.json'}: {os.strerror(errno.EACCES)} (this user may not enter {s})"),
+]
+
+
+@pytest.mark.parametrize("script, argv, code, message", IN_A_SHUT_FOLDER,
+                         ids=[f"{c[0]} {c[2]}" for c in IN_A_SHUT_FOLDER])
+def test_a_path_in_a_folder_this_user_may_not_enter_is_one_line(arith_dir, tmp_path, shut, capsys, refused, script,
+                                                                 argv, code, message):
+    """Not a PermissionError's traceback: a folder to write in is refused (exit 2, as one not writable); a path to
+    read gives the folder on its way that this user may not enter (exit 1)."""
+    main = {"train": train.main, "sample": sample.main, "prepare_data": prepare_data.main, "analyze": analyze.main,
+            "grid": grid.main}[script]
+    before = snapshot(arith_dir, tmp_path)
+    assert error_of(main, argv(arith_dir, tmp_path, shut), capsys, code) == \
+        f"{script}.py: error: {message(tmp_path, shut)}"
+    assert snapshot(arith_dir, tmp_path) == before
+
+
+def test_a_permission_error_is_one_line_where_it_names_a_path(tmp_path, capsys):
+    """A file this user may not read or write: its path and why; one of no path (a signal to another user's
+    process, say) is a fault to see, and keeps its traceback."""
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "log.jsonl"))
+    assert (e.value.code, capsys.readouterr().err) == (1, f"x.py: error: {tmp_path / 'log.jsonl'}: "
+                                                          f"{os.strerror(errno.EACCES)}\n")
+    with pytest.raises(PermissionError), cli.one_line_errors("x.py"):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+
+def test_what_the_output_cannot_encode_prints_escaped(tmp_path, monkeypatch):
+    """A path of bytes that are not UTF-8 (Python reads them as surrogates, \\udcff) printed to an output that is
+    strict (PYTHONIOENCODING=utf-8:strict, or a UTF-8 locale): escaped, not a UnicodeEncodeError once the work is
+    done (train.py's run saved, analyze.py's picture)."""
+    run = tmp_path / os.fsdecode(b"run\xff")
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(dict(router="lime")))
+    (run / "log.jsonl").write_text('{"step": 1, "val_loss": 0.5}\n{"step": 2')  # a cut last line: a notice naming it
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", errors="strict"))
+    monkeypatch.setattr(analyze, "pyplot", lambda: None)  # (no picture: the notice is what this looks at)
+    analyze.main(["curves", str(run)])
+    sys.stdout.flush()
+    said = f"{run.resolve() / 'log.jsonl'}: its last line was cut short".encode(errors="backslashreplace")
+    assert b"/run\\udcff/log.jsonl" in said and said in out.getvalue()
+
+
+@contextlib.contextmanager
+def within(seconds):
+    """The body, failed after `seconds` where it would wait forever (an open of a FIFO that no one writes)."""
+    def late(signum, frame):
+        pytest.fail(f"still waiting after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs (Windows)")
+def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, capsys):
+    """A FIFO where a run's file should be (mkfifo, by hand or by a tool): its read would wait for a writer forever.
+    Each reader refuses it as train.py does, with one line."""
+    for name, argv in (("summary.json", ["table"]), ("config.json", ["curves"]), ("log.jsonl", ["curves"]),
+                       ("ckpt.pt", ["routes", "--out-dir"])):
+        run = tmp_path / f"run-{name}"
+        shutil.copytree(arith_run, run)
+        (run / name).unlink()
+        os.mkfifo(run / name)
+        before = snapshot(run)
+        with within(10):
+            assert error_of(analyze.main, [*argv, str(run)], capsys, 1) == \
+                f"analyze.py: error: {run / name} is not a file"
+        assert snapshot(run) == before
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
@@ -678,7 +789,7 @@ DAMAGED = [
     ("sample", then(lambda d, r, t: write(r / "ckpt.pt", b""), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is empty"),
     ("sample", then(lambda d, r, t: (r / "ckpt.pt").unlink() or (r / "ckpt.pt").mkdir(),
-                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt cannot be read (Is a directory)"),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt is not a file"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      'ckpt.pt holds a model its config does not describe (Missing key(s) in state_dict: "transformer.h.2.'),
@@ -775,8 +886,7 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is empty"),
     ("analyze", then(lambda d, r, t: ((r / "summary.json").unlink(), (r / "summary.json").mkdir()),
-                     lambda d, r, t: ["table", str(r)]), 1,
-     f"summary.json cannot be read ({os.strerror(errno.EISDIR)})"),
+                     lambda d, r, t: ["table", str(r)]), 1, "summary.json is not a file"),
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
