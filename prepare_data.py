@@ -211,7 +211,8 @@ def main(argv=None):
         scopes[flag] = scope.split(", ")
         p.add_argument(flag, help=f"{scope}: {help}", **kw)
 
-    add("--shards", "fineweb-edu", "train shards of 1e8 tokens (32 for 3.1B)", type=int, default=32)
+    add("--shards", "fineweb-edu", "train shards of 1e8 tokens (32: 3.2B, the 150m preset's 3.1B and some)",
+        type=int, default=32)
     add("--base-url", "fineweb-edu, prosqa",
         f"where the files are, for a mirror (default: {FINEWEB_URL}, {prosqa.URL})")
     add("--url", "shakespeare", "where the text is", default=SHAKESPEARE_URL)
