@@ -282,6 +282,12 @@ def run_folders(paths):
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
     for f in files:
         print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
+    starting = [d for d in folders if (d / "train.out").exists() and not (d / "config.json").exists()]
+    if starting == folders:  # (a grid's runs in their first seconds, before train.py has written anything)
+        raise UsageError(f"no run among the paths given has started: {starting[0]} holds a grid's train.out alone")
+    for d in starting:
+        print(f"left out {d}: a run of grid.py not started yet", file=sys.stderr)
+    folders = [d for d in folders if d not in starting]
     for d in folders:  # a folder of runs (out/grid/<regime>, from out/grid/*): not "no .../summary.json"
         if not (d / "config.json").exists() and any(d.glob("*/config.json")):
             raise UsageError(f"{d} holds run folders, not a run: give the runs in it ({d / '*'}; for a glob, one "

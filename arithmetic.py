@@ -411,7 +411,8 @@ def not_ours(data_dir):
     if (data_dir / "meta.json").exists() or (data_dir / UNFINISHED).exists() or not data_dir.is_dir():
         return None
     there = sorted(p.name for p in data_dir.iterdir() if FILES.fullmatch(p.name))
-    return there and f"{data_dir} holds {', '.join(there)} but no meta.json, and not as data this code was writing"
+    return f"{data_dir} holds {', '.join(there)} but no meta.json, and not as data this code was writing" if there \
+        else None
 
 
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
@@ -466,8 +467,9 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
     if odd:
         raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
-    if not overwrite and not_ours(data_dir):
-        raise UsageError(f"{not_ours(data_dir)}: give another --data-dir, or --overwrite to replace them")
+    theirs = not overwrite and not_ours(data_dir)
+    if theirs:  # (the command, not "--overwrite": train.py's presets call this too, and their --overwrite is the run's)
+        raise UsageError(f"{theirs}: move them away, or replace them with `{command(want, data_dir)} --overwrite`")
     marker = data_dir / UNFINISHED
     data = generate(task, seed, train_size, test_size)
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
@@ -540,10 +542,11 @@ def load(data_dir, trained_on=None):
         differ = [k for k in want if k in have and have[k] != want[k]]
         if differ:  # NOTE not "rebuild it" there: that would replace the other regime's data (a grid's, ...)
             elsewhere = data_dir.parent / Task.from_meta(want).folder
-            make = f"make it in a folder of its own with `{command(trained_on, elsewhere)}`" \
-                if elsewhere.resolve() != data_dir.resolve() else rebuild
+            if elsewhere.resolve() == data_dir.resolve():  # (the regime's name, other sizes: a grid's folder, say)
+                elsewhere = elsewhere.with_name(elsewhere.name + "".join(f"-{k}-{want[k]}" for k in differ))
             raise DataError(f"{data_dir} holds {describe(have)}, but the run was trained on {describe(want)}: give "
-                            f"--data-dir the run's data, or {make}")
+                            f"--data-dir the run's data, or make it in a folder of its own with "
+                            f"`{command(trained_on, elsewhere)}`")
     else:  # the flags that make this folder's data again, from its meta.json
         rebuild = f"rebuild it with `{command(regime(meta), data_dir)} --overwrite`"
     names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]

@@ -11,12 +11,12 @@ there. Finally it prints accuracy per tier, mean ± sd over seeds, on the valida
 setting is chosen on) and on the test split (what is reported); `python analyze.py table
 <out-dir>/*/*` prints them again. Run the same command again to go on: a finished run is kept, an
 interrupted one resumes from its checkpoint. A grid holds its --out-dir while it runs: a second one
-there at once is refused. A finished run is kept, never redone: another --epochs over finished runs
-is an error, so give another --out-dir for another budget (the flags after '--' are not compared
-with a finished run's: keep them as they were). Everything is checked before anything is written:
-its flags, the routers, the flags after '--' (by train.py --dry-run; they may not set what the grid
-sets run by run: --router, --seed, --epochs, the folders; nor --max-steps, --stop-at or --dry-run),
-and what the folders hold already.
+there at once is refused. A finished run is kept, never redone: other --epochs, data or flags after
+'--' over the runs kept or resumed are an error, so give another --out-dir for another setting.
+Everything is checked before anything is written: its flags, the routers, the flags after '--' (by
+train.py --dry-run; they may not set what the grid sets run by run: --router, --seed, --epochs, the
+folders; nor --max-steps, --stop-at, --dry-run, --resume or --overwrite), and what the folders hold
+already (each unfinished run by train.py --resume --dry-run).
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -67,8 +67,9 @@ def prepare(data_dir, task, args, generate=True):
     want = data_of(task, args)
     # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again; or
     # files of another's: kept)
-    if arithmetic.not_ours(data_dir):
-        raise UsageError(f"{arithmetic.not_ours(data_dir)}: give another --data-root")
+    theirs = arithmetic.not_ours(data_dir)
+    if theirs:
+        raise UsageError(f"{theirs}: move them away, or give another --data-root")
     have = arithmetic.holds(data_dir) if (data_dir / "meta.json").exists() else None
     if have is not None and have != want:
         raise UsageError(f"{data_dir} holds other arithmetic data, {arithmetic.describe(have)}, not the grid's "
@@ -170,9 +171,10 @@ def main(argv=None):
             if taken:
                 raise UsageError(f"the flags for train.py: {', '.join(taken)} is the grid's to set, run by run")
         tasks = dict(grid)
-        for name, router, seed, _ in runs:
-            check_kept(Path(args.out_dir) / name / f"{router}-seed{seed}", router, seed, tasks[name], configs[router],
-                       args)
+        for name, router, seed, data_dir in runs:
+            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+            check_kept(out, router, seed, tasks[name], configs[router], args,
+                       train_command(router, seed, data_dir, out, args, extra))
         made = [Path(f) for f in (args.out_dir, args.data_root) if not Path(f).exists()]
         # held from here: a second grid there at once (it would start the same runs again, and the runs of both
         # would write one train.out) is refused before it writes
@@ -190,10 +192,11 @@ def main(argv=None):
                 raise
 
 
-def check_kept(out, router, seed, task, config, args):
+def check_kept(out, router, seed, task, config, args, command):
     """A run the grid keeps (finished) or goes on with (its checkpoint: --resume) has to be readable, this run, of
-    this budget, data and flags (`config`: what train.py makes of them): else a line now, not a run refused (or a
-    table of runs of another setting) later. A run that has neither is started over: nothing to check."""
+    this budget, data and flags (`config`: what train.py makes of them; `command`: the run's): else a line now, not a
+    run refused (or a table of runs of another setting) later. A run that has neither is started over: nothing to
+    check."""
     finished = (out / "summary.json").exists()
     if not finished and not ((out / "ckpt.pt").exists() and (out / "config.json").exists()):
         return
@@ -229,6 +232,8 @@ def check_kept(out, router, seed, task, config, args):
         raise UsageError(f"{out} is {what} of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
                          f"{', '.join(repr(config[k]) for k in other)}: {kept_as}, so give another --out-dir for "
                          "other flags")
+    if not finished:  # and what only train.py --resume says (a flag a session may not change: --eval-interval, say)
+        check_flags(command, resume=True)
 
 
 def train_command(router, seed, data_dir, out, args, extra, fit=()):
@@ -246,10 +251,12 @@ def alone(**settings):
     return {**{k: v for k, v in os.environ.items() if k not in distributed}, **settings}
 
 
-def check_flags(cmd):
-    """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything.
-    Its one line, if any, becomes grid.py's, with its exit code; otherwise the run's config (a dict)."""
-    done = subprocess.run([*cmd, "--overwrite", "--dry-run"], capture_output=True, text=True, env=alone())
+def check_flags(cmd, resume=False):
+    """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything; with
+    `resume`, as the run goes on from its checkpoint. Its one line, if any, becomes grid.py's, with its exit code;
+    otherwise the run's config (a dict)."""
+    done = subprocess.run([*cmd, "--resume" if resume else "--overwrite", "--dry-run"], capture_output=True,
+                          text=True, env=alone())
     if done.returncode:
         line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
         raise (DataError if done.returncode == 1 else UsageError)(f"the flags for train.py: {line}")

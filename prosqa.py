@@ -11,6 +11,7 @@ test questions by greedy generation, judged by `correct`.
 """
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,8 @@ def tokenize(records, enc):
 
 def command(data_dir):
     """The command that prepares the ProsQA data in data_dir."""
-    where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else f" --data-dir {data_dir}"
+    where = "" if Path(data_dir).resolve() == Path("data/prosqa").resolve() else \
+        f" --data-dir {shlex.quote(str(data_dir))}"
     return f"python prepare_data.py prosqa{where}"
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import stat
 import sys
@@ -67,7 +68,8 @@ def main(script, argv, cls, presets, train, description=None):
             return ""
         how = ""
         if "prepare_data.py" not in str(e):
-            where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else f" --data-dir {cfg.data_dir}"
+            where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else \
+                f" --data-dir {shlex.quote(str(cfg.data_dir))}"
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
         # data to download: the preset that needs none, unless it is the one running, or the data is generated
         offline = "" if cfg.preset == "tiny" or cfg.data == "arithmetic" else \

@@ -386,6 +386,14 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert capsys.readouterr().err == f"left out {fresh}: no evaluation yet\n"
     assert error_of(analyze.main, ["curves", str(fresh)], capsys, code=1) == \
         f"analyze.py: error: no evaluation yet in {fresh}"  # (none at all: nothing to draw)
+    starting = tmp_path / "starting"  # a grid's run in its first seconds: its train.out alone (it was "no config.json")
+    starting.mkdir()
+    (starting / "train.out").write_text("")
+    assert list(analyze.main(["curves", dirs[1], str(starting), "--out", str(tmp_path / "c.png")])) == [
+        "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
+    assert capsys.readouterr().err == f"left out {starting}: a run of grid.py not started yet\n"
+    assert error_of(analyze.main, ["table", str(starting)], capsys) == \
+        f"analyze.py: error: no run among the paths given has started: {starting} holds a grid's train.out alone"
     assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
     out = capsys.readouterr().out

@@ -262,7 +262,8 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     theirs = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert error_of(prepare_data.main, args, capsys) == f"prepare_data.py: error: {folder} holds test_4.txt, " \
         "test_5.txt, test_6.txt, train.txt, val_4.txt, val_5.txt, val_6.txt but no meta.json, and not as data this " \
-        "code was writing: give another --data-dir, or --overwrite to replace them"
+        f"code was writing: move them away, or replace them with `python prepare_data.py arithmetic --data-dir " \
+        f"{folder} --field int --count operands --tiers 4,5,6 --target steps --train-size 30 --test-size 4 --overwrite`"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == theirs
     (folder / arithmetic.UNFINISHED).write_text("")  # ... and the marker an interrupted run leaves: its own
     prepare_data.main(args)  # the same command again finishes it: no --overwrite needed
@@ -426,6 +427,13 @@ def test_data_of_another_range_of_numbers_says_so(tmp_path):
         "tier): give --data-dir the run's data, or make it in a folder of its own with `python prepare_data.py "
         f"arithmetic --data-dir {tmp_path.parent / 'int-steps-operands-4-5-6'} --field int --count operands --tiers "
         "4,5,6 --target steps --train-size 5 --test-size 2`")  # (not "--overwrite" there: the other data is kept)
+    named = tmp_path / "int-steps-operands-4-5-6"  # a folder by the run's regime's name, of other data: a
+    arithmetic.prepare(named, arithmetic.Task(max_operand=10), seed=0, train_size=5, test_size=2)  # name of its own
+    with pytest.raises(DataError) as e:
+        arithmetic.load(named, trained_on=run)
+    assert str(e.value).endswith(f"make it in a folder of its own with `python prepare_data.py arithmetic --data-dir "
+                                 f"{named}-max_operand-20 --field int --count operands --tiers 4,5,6 --target steps "
+                                 "--train-size 5 --test-size 2`")
 
 
 @pytest.mark.parametrize("task, edit, message", [

@@ -84,6 +84,9 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert error_of(grid.main, [a if a != "0.5" else "1" for a in args], capsys) == f"grid.py: error: {lime} is an " \
         "unfinished run of --epochs 0.5, not 1: a run goes on from its checkpoint, so give another --out-dir for " \
         "another budget"
+    err = error_of(grid.main, [*args, "--eval-interval=3"], capsys)  # (what only train.py --resume refuses: asked)
+    assert err.startswith(f"grid.py: error: the flags for train.py: --resume: {lime / 'ckpt.pt'} was trained with "
+                          "eval_interval=") and err.endswith(" (not 3)")
     assert snapshot(regime) == before
 
 
@@ -117,8 +120,8 @@ def test_grid_refuses_files_of_anothers_where_its_data_goes(tmp_path, capsys, re
     assert error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
                                 "--test-size", "6", "--data-root", str(tmp_path / "data"), "--out-dir",
                                 str(tmp_path / "out")], capsys) == \
-        f"grid.py: error: {regime} holds train.txt but no meta.json, and not as data this code was writing: give " \
-        "another --data-root"
+        f"grid.py: error: {regime} holds train.txt but no meta.json, and not as data this code was writing: move " \
+        "them away, or give another --data-root"
     assert snapshot(tmp_path) == before
 
 
