@@ -186,13 +186,14 @@ class Routing:
 
     def __init__(self, routers, readers, reference=False):
         self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
-        self.kvs = []  # every layer's own K/V so far (pulling)
+        self.kvs = []  # every layer's own K/V so far, where a pulled layer reads it (else None: no slot held)
+        self.pulled_from = {j for r in routers if reference or r.pulled for j in r.sources}
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
 
     def __call__(self, layer, kv, x):
         """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
         router = self.routers[layer]
-        self.kvs.append(kv)
+        self.kvs.append(kv if layer in self.pulled_from else None)  # (under no_grad, a pushed kv goes once pushed)
         pulled = self.reference or router.pulled
         # the push reaches the later pushed layers that read this one, and this one if pushed (its own sum ends here).
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their

@@ -566,17 +566,19 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
         total = 156 + 102 + (1 + 3) * 4 + share * sum(L - j for j in range(L))
         slot = 16 * 2048 * 12 * 128 * 2  # bytes: one layer's bf16 K/V at the 150M shape
         assert round(share, 2) == 0.19 and round(total, -1) == 290 and round(total * slot / 1e9) == 29
-    # inference: at layer m, the partial sums alive are layers m..L-1's (each reads layer 0); none outlives its layer
-    alive, call = [], lime.Routing.__call__
+    # inference: at layer m, the partial sums alive are layers m..L-1's (each reads layer 0); none outlives its layer,
+    # and no earlier layer's own K/V outlives its push (the routing held every one: L slots more)
+    alive, own, call = [], [], lime.Routing.__call__
 
     def routed(self, layer, kv, x):
-        alive.append(sum(ref() is not None for ref in outputs))
+        alive.append((sum(ref() is not None for ref in outputs), sum(ref() is not None for ref in own)))
+        own.append(weakref.ref(kv))
         return call(self, layer, kv, x)
 
     monkeypatch.setattr(lime.Routing, "__call__", routed)
     with torch.no_grad():
         model(idx)
-    assert alive == [0] + [L - m for m in range(1, L)]
+    assert alive == [(0, 0)] + [(L - m, 0) for m in range(1, L)]
     moved.update(forward=0, backward=0, grad_w=0, relaunched=0)
     model.reference_routing = True
     model(idx, idx)[1].backward()
