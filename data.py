@@ -50,10 +50,12 @@ def check_shard(path):
     """The tokens of `path`, counted: DataError unless it has a valid header and exactly the tokens it announces,
     at least one."""
     name = Path(path).name.removesuffix(".part")
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose open would wait for a writer forever
+        raise DataError(f"{name}: not a file")
     try:
         with open(path, "rb") as f:
             header = np.frombuffer(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"), dtype="<i4")  # (cut short: 0s)
-    except OSError as e:  # a folder of that name, say
+    except OSError as e:  # this user may not read it, say
         raise DataError(f"{name}: cannot be read ({e.strerror})") from None
     if len(header) < 3 or header[0] != MAGIC or header[1] != VERSION:
         raise DataError(f"{name}: not a token shard (bad magic or version in the header)")

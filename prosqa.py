@@ -32,6 +32,8 @@ def check(path):
     """The records of a ProsQA file. A DataError unless it is a JSON list of objects, each with a
     `question` (text), its reasoning `steps` (a list of texts) and an `answer` (text)."""
     name = Path(path).name.removesuffix(".part")
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose read would wait for a writer forever
+        raise DataError(f"{name} in {Path(path).parent} is not a file")
     try:
         records = json.loads(Path(path).read_bytes())
     except FileNotFoundError:

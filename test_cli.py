@@ -25,9 +25,11 @@ import analyze
 import arithmetic
 import bench
 import cli
+import data
 import grid
 import methods
 import prepare_data
+import prosqa
 import runs
 import sample
 import train
@@ -265,6 +267,13 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, ca
             assert error_of(analyze.main, [*argv, str(run)], capsys, 1) == \
                 f"analyze.py: error: {run / name} is not a file"
         assert snapshot(run) == before
+    os.mkfifo(tmp_path / "x_val_000000.bin")  # the readers of data too: a token shard, a ProsQA file
+    os.mkfifo(tmp_path / "prosqa_test.json")
+    with within(10):
+        with pytest.raises(cli.DataError, match=r"^x_val_000000.bin: not a file$"):
+            data.check_shard(tmp_path / "x_val_000000.bin")
+        with pytest.raises(cli.DataError, match=rf"^prosqa_test.json in {re.escape(str(tmp_path))} is not a file$"):
+            prosqa.check(tmp_path / "prosqa_test.json")
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):

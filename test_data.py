@@ -191,7 +191,7 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
                                         "the validation shard's tokens fit: train a new run with a --vocab-size above it"):
         data.batch(np.random.default_rng(0), 4)
     (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
-    with pytest.raises(DataError, match=re.escape(f"x_train_000001.bin: cannot be read ({os.strerror(errno.EISDIR)})")):
+    with pytest.raises(DataError, match=re.escape("x_train_000001.bin: not a file")):
         TokenData(cfg)
 
 
