@@ -416,9 +416,10 @@ def not_ours(data_dir):
 
 
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
-    """Generate the task's files in data_dir, meta.json last: a folder without it is unfinished (cut short
-    while it was generated), and is generated again. The same data there already (made again, and compared line by
-    line) is kept as it is; other data, data that cannot be read, or lines damaged or edited, is replaced only with
+    """Generate the task's files in data_dir, meta.json last: a folder without it but with the UNFINISHED marker
+    (written first, removed last) was cut short while it was generated, and is generated again. The same data there
+    already (made again, and compared line by line) is kept as it is; other data, data that cannot be read, lines
+    damaged or edited, or files by the data's names that no preparation left (not_ours), is replaced only with
     `overwrite`, a UsageError otherwise. The folder is held meanwhile: another process preparing it is waited for,
     and what it made is then looked at as above (two at once wrote a folder of files of either, meta.json of one)."""
     data_dir = Path(data_dir)
@@ -444,7 +445,7 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     """prepare()'s work, in the folder it holds."""
     want = {**dataclasses.asdict(task), "seed": seed, "train_size": train_size, "test_size": test_size}
-    if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, so generated again)
+    if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, or not_ours, below)
         try:
             have = holds(data_dir)
         except DataError as e:
