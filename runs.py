@@ -202,7 +202,7 @@ def resolve(argv, cls, presets, description=None):
         config = cls(**cfg)  # its own checks: ranges, choices, the model's shape and router
     except ValueError as e:
         raise UsageError(str(e)) from None
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = processes()[1]
     if config.batch_size % (config.micro_batch_size * world):
         raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="
                          f"{config.micro_batch_size} x {world} processes")
@@ -210,6 +210,34 @@ def resolve(argv, cls, presets, description=None):
     if ckpt is not None or not config.epochs > 0:  # a length in epochs is in steps once the data is read
         check_last_step(config)
     return config, ckpt, init, dry_run, seen
+
+
+def processes():
+    """(rank, world size): torchrun's RANK and WORLD_SIZE, or (0, 1) for a plain run (without RANK). Variables that
+    no launcher sets so (by hand, or left over in a shell) are a UsageError, not a traceback or a wait for peers."""
+    env = os.environ
+    if "RANK" not in env:
+        return 0, 1
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        int(env.get("LOCAL_RANK", 0)), env["MASTER_ADDR"], env["MASTER_PORT"]
+    except (KeyError, ValueError):
+        raise UsageError("RANK is set, but not with WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT as torchrun "
+                         "sets them: launch with torchrun, or unset RANK for one process") from None
+    if not 0 <= rank < world:
+        raise UsageError(f"RANK={rank} with WORLD_SIZE={world}: a process's rank is 0 .. WORLD_SIZE - 1")
+    return rank, world
+
+
+def steps_of_epochs(cfg, steps_per_epoch):
+    """--epochs and --warmup-epochs (of a task: samples, not token shards) as --max-steps and --warmup-steps."""
+    for epochs, steps in (("epochs", "max_steps"), ("warmup_epochs", "warmup_steps")):
+        if getattr(cfg, epochs) > 0:
+            n = getattr(cfg, epochs) * steps_per_epoch
+            if n >= 2**53:  # (past a float's whole numbers; 1e306 epochs would be an OverflowError's traceback)
+                raise UsageError(f"{flag(epochs)}={getattr(cfg, epochs):g} is over 2**53 steps of this data "
+                                 f"({steps_per_epoch:g} an epoch)")
+            setattr(cfg, steps, math.ceil(n))
 
 
 def check_last_step(config):
@@ -373,7 +401,7 @@ class Run:
         self.cfg, self.resume, self.init = cfg, resume, init
         self.out_dir = Path(cfg.out_dir)
         self.signals = Signals()  # not installed (main() installs one): it holds nothing
-        self.master = int(os.environ.get("RANK", 0)) == 0
+        self.master = processes()[0] == 0
         self.saved_step = resume["step"] if resume else None  # the step of the checkpoint on disk
         self.router_mask = None  # pruned router weights, saved with the model so that a resumed run keeps them
         # NOTE the step at which this run pruned (--prune-at), in its checkpoints: one of that step may be of the

@@ -18,6 +18,7 @@ task vocabulary. Generation uses the KV cache.
 from cli import (DEVICES, SEED, DataError, Parser, UsageError, a_path, autocast_for, one_line_errors, pick_device,
                  show_metrics, synchronize)
 
+import math
 import random
 import re
 import time
@@ -162,8 +163,8 @@ def main(argv=None):
                              + ", ".join("--" + k.replace("_", "-") for k in generation))
         if args.num_samples < 1 or args.max_new_tokens < 1:
             raise UsageError("--num-samples and --max-new-tokens must be positive")
-        if args.temperature is not None and not args.temperature >= 0:
-            raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+        if args.temperature is not None and not 0 <= args.temperature < math.inf:  # (inf: uniform, --top-k unheard)
+            raise UsageError(f"--temperature must be >= 0 and finite, got {args.temperature}")
         if args.top_k is not None and args.top_k < 1:
             raise UsageError(f"--top-k must be positive, got {args.top_k}")
         if not SEED[1](args.seed):

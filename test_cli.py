@@ -491,6 +491,9 @@ BAD_INPUTS = [
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
      "notes.md is a file, not a folder"),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
+    ("train", train_args("--min-lr=5"), 2, "--min-lr=5 is above --lr=0.003, the schedule's peak"),  # (it trained)
+    ("train", lambda a, r, t: [f for f in tiny_args(a, t / "run", "--epochs=1e306") if "--max-steps" not in f], 2,
+     "--epochs=1e+306 is over 2**53 steps of this data"),  # (an OverflowError's traceback)
     ("train", train_args("--beta2=1"), 2, "--beta2 must be in [0, 1), got 1.0"),
     ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
     ("train", lambda a, r, t: ["--preset=150m", "--data=shakespeare", "--epochs=2", f"--out-dir={t / 'run'}"], 2,
@@ -512,7 +515,10 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--start", "1 + ² + 3"], 2,  # a digit that int() does not read
      "--start: expected a number, got '²' in '1 + ² + 3'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--seed", "-1"], 2, "--seed must be in 0 .. 2**63 - 1, got -1"),
-    ("sample", lambda a, r, t: ["--out-dir", str(r), "--temperature", "nan"], 2, "--temperature must be >= 0, got nan"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--temperature", "nan"], 2,
+     "--temperature must be >= 0 and finite, got nan"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--temperature", "inf"], 2,  # (uniform, --top-k unheard)
+     "--temperature must be >= 0 and finite, got inf"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--num-samples", "0"], 2,
      "--num-samples and --max-new-tokens must be positive"),  # (not a silent nothing)
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
@@ -1126,3 +1132,22 @@ def test_peak_memory_is_in_bytes(monkeypatch):
     assert abs(cli.peak_memory("cpu") / (peak_kib * 1024) - 1) < 0.05
     monkeypatch.setattr(cli.sys, "platform", "darwin")
     assert abs(cli.peak_memory("cpu") / peak_kib - 1) < 0.05
+
+
+@pytest.mark.parametrize("env, message", [
+    (dict(RANK="0"), "RANK is set, but not with WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT as torchrun "
+                     "sets them: launch with torchrun, or unset RANK for one process"),  # (KeyError: 'WORLD_SIZE')
+    (dict(RANK="abc", WORLD_SIZE="1", MASTER_ADDR="x", MASTER_PORT="1"), "RANK is set, but not with"),  # (int())
+    (dict(RANK="0", WORLD_SIZE="0", MASTER_ADDR="x", MASTER_PORT="1"),  # (ZeroDivisionError)
+     "RANK=0 with WORLD_SIZE=0: a process's rank is 0 .. WORLD_SIZE - 1"),
+])
+def test_torchruns_variables_set_by_hand_are_one_line(arith_dir, tmp_path, capsys, monkeypatch, env, message):
+    """Variables no launcher sets so (by hand, or left in a shell): one line, not a traceback from int() or from
+    torch.distributed. WORLD_SIZE without RANK is a plain run, one process, in every check."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert message in error_of(train.main, tiny_args(arith_dir, tmp_path / "run", "--dry-run"), capsys)
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("WORLD_SIZE", "3")  # (--batch-size=8 is no multiple of 4 x 3: it was refused as if 3 ran)
+    train.main(tiny_args(arith_dir, tmp_path / "run", "--dry-run"))
+    assert not (tmp_path / "run").exists()

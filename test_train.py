@@ -112,7 +112,9 @@ def test_bad_input_is_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, f
 def test_the_batch_is_split_over_every_process(tmp_path, capsys, monkeypatch):
     """Under torchrun, --batch-size is over all processes: 8 is not 2 processes' micro-batches of 8, but of 4."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="localhost", MASTER_PORT="29500"
+                            ).items():  # (what torchrun sets)
+        monkeypatch.setenv(name, value)
     err = error_of(train.main, ["--preset=tiny", "--batch-size=8", "--micro-batch-size=8", "--dry-run"], capsys)
     assert err == "train.py: error: --batch-size=8 is not a multiple of --micro-batch-size=8 x 2 processes"
     assert train.main(["--preset=tiny", "--batch-size=8", "--micro-batch-size=4", "--dry-run"]) is None
@@ -732,8 +734,11 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
         config = json.loads(printed.splitlines()[0].removeprefix("config: "))
         assert config["data_dir"] == str(tmp_path / data_dir) and "nothing was written" in printed
         assert config["out_dir"] == "out/tiny-lime"  # no --out-dir: out/<preset>-<router>, as --help says
-    monkeypatch.setenv("RANK", "1")  # under torchrun the config is printed once, by rank 0
-    assert train.main(["--preset=tiny", "--dry-run"]) is None and capsys.readouterr().out == ""
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="localhost", MASTER_PORT="29500"
+                            ).items():  # under torchrun (which sets these) the config is printed once, by rank 0
+        monkeypatch.setenv(name, value)
+    assert train.main(["--preset=tiny", "--micro-batch-size=32", "--dry-run"]) is None
+    assert capsys.readouterr().out == ""
     assert list(tmp_path.iterdir()) == []
 
 

@@ -86,6 +86,8 @@ class TrainConfig(runs.EvalConfig):
 
     def __post_init__(self):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
+        if self.min_lr > self.lr:  # (the schedule would climb to it: --lr is the peak)
+            raise ValueError(f"--min-lr={self.min_lr:g} is above --lr={self.lr:g}, the schedule's peak")
         super().__post_init__()
         if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], prunable):
             raise ValueError(f"--router-top-p applies to {prunable_forms()}, not --router={self.router}")
@@ -160,7 +162,7 @@ def train(cfg, run):
     (--resume); `run` (runs.Run) keeps the folder: config, log, checkpoints, summary."""
     # processes: torchrun sets RANK and WORLD_SIZE; a plain run is rank 0 of 1
     ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    rank, world = runs.processes()
     device = pick_device(cfg.device)
     if ddp:
         if device.startswith("cuda"):
@@ -179,11 +181,7 @@ def train(cfg, run):
     data = runs.training_data(cfg, run, GENERATES.get(cfg.preset), runs.data_folder(PRESETS, cfg.preset, cfg.data))
     if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
         # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
-        steps_per_epoch = data.train_size / cfg.batch_size
-        if cfg.epochs > 0:
-            cfg.max_steps = math.ceil(cfg.epochs * steps_per_epoch)
-        if cfg.warmup_epochs > 0:
-            cfg.warmup_steps = math.ceil(cfg.warmup_epochs * steps_per_epoch)
+        runs.steps_of_epochs(cfg, data.train_size / cfg.batch_size)
     # a task's regime (arithmetic) goes into config.json and every checkpoint: sample, analyze and --resume read it
     cfg.task = data.regime
 
