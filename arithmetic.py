@@ -269,6 +269,7 @@ def render(node, parent_prec=0, right_side=False):
 def parse_tree(text):
     """'( 7 + 5 ) / 3' -> ('/', ('+', 7, 5), 3), the structure alone; DataError unless well formed."""
     tokens, pos = text.split(), 0
+    shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}..."  # (a FILE: --start of megabytes: not all of it)
 
     def parse(level):  # level 1: + -, level 2: * /, level 3: a number or ( ... )
         nonlocal pos
@@ -278,11 +279,11 @@ def parse_tree(text):
             if tok == "(":
                 node = parse(1)
                 if pos >= len(tokens) or tokens[pos] != ")":
-                    raise DataError(f"missing ')' in {text!r}")
+                    raise DataError(f"missing ')' in {shown}")
                 pos += 1
                 return node
             if not (tok.isascii() and tok.isdigit()):  # (not '²', a digit that int() does not read)
-                raise DataError(f"expected a number, got {tok!r} in {text!r}")
+                raise DataError(f"expected a number, got {tok[:40]!r} in {shown}")
             if len(tok) > len(str(LARGEST)):  # (nor 5000 digits, past what int() reads)
                 raise DataError(f"a number of {len(tok)} digits, past every task's range, in {text[:40]!r}...")
             return int(tok)
@@ -295,7 +296,7 @@ def parse_tree(text):
 
     node = parse(1)
     if pos != len(tokens):
-        raise DataError(f"unexpected {tokens[pos]!r} in {text!r}")
+        raise DataError(f"unexpected {tokens[pos][:40]!r} in {shown}")
     return node
 
 

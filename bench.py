@@ -28,6 +28,7 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles,
                  fail, file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
+import argparse
 import json
 import re
 import statistics
@@ -356,7 +357,7 @@ def parse_args(argv):
     p.add_argument("--overwrite", action="store_true",
                    help="replace the --json file if it exists (without it: an error, except that --suite goes on "
                         "from the parts a file of its own holds)")
-    p.add_argument("--worker", help="internal: measure the one router given and write its figures to this file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one router measured, its figures written there
     args, given = p.parse_args(argv), p.given(argv)
 
     args.device = pick_device(args.device)

@@ -528,3 +528,13 @@ def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys):
     assert str(e.value) == f"{folder / 'val_2.txt'} is missing: rebuild it with `{rebuild}`"
     prepare_data.main(shlex.split(rebuild)[2:])
     assert snapshot(folder) == before
+
+
+def test_a_long_text_that_does_not_parse_is_not_echoed_whole():
+    """A --start FILE: of megabytes: its line says where, in 200 characters, not the whole text."""
+    for text, start in (("1 + " * 100_000, "expected a number, got 'end of input' in '1 + 1 + "),
+                        ("1 + " * 100_000 + "1 )", "unexpected ')' in '1 + 1 + "),
+                        ("( " + "1 + " * 100_000 + "1", "missing ')' in '( 1 + 1 + ")):
+        with pytest.raises(DataError) as e:
+            arithmetic.parse_tree(text)
+        assert str(e.value).startswith(start) and str(e.value).endswith("'...") and len(str(e.value)) < 300
