@@ -219,10 +219,10 @@ def check_kept(out, router, seed, task, config, args, command):
         trained_on = arithmetic.regime(kept["task"]) if kept.get("task") else None  # (older: unrecorded)
     except (DataError, KeyError, TypeError):
         raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'task' is {kept['task']!r}") from None
-    if trained_on and trained_on != data_of(task, args):
+    want = data_of(task, args)
+    if trained_on and trained_on != want:
         raise UsageError(f"{out} is {what} on {arithmetic.describe(trained_on)}, not the grid's "
-                         f"{arithmetic.describe(data_of(task, args))}: {kept_as}, so give another --out-dir for "
-                         "other data")
+                         f"{arithmetic.describe(want)}: {kept_as}, so give another --out-dir for other data")
     # and of these flags (what the grid fits to each regime's data aside)
     other = differences(kept, config, {"max_steps", "warmup_steps", "block_size", "vocab_size", "task"})
     for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
