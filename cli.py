@@ -407,9 +407,10 @@ DEVICES = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what pi
 
 
 def pick_device(name):
-    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError."""
+    """auto: cuda, then mps, then cpu. A device this machine does not have is a UsageError, and so is a
+    LIME_TRITON that cannot run on it."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     m = re.fullmatch(r"cpu|mps|cuda(?::(\d+))?", name)
     if m is None:
         raise UsageError(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N, mps")
@@ -420,6 +421,9 @@ def pick_device(name):
         raise UsageError(f"--device={name}: this machine has {n} CUDA device{'s' * (n != 1)}, numbered from 0")
     if name == "mps" and not torch.backends.mps.is_available():
         raise UsageError("--device=mps: MPS is not available on this machine")
+    import kernels  # (here, not above: a script that picks no device need not load Triton)
+    if problem := kernels.setting_problem(name):
+        raise UsageError(problem)
     return name
 
 

@@ -66,6 +66,19 @@ COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide;
 LOW_PRECISION_DOTS = True
 
 
+def setting_problem(device):
+    """What is wrong with LIME_TRITON for a run on `device` (a message), or None: checked as a script picks its
+    device (cli.pick_device), where a bad value would otherwise be a traceback from Triton or silently "auto"."""
+    if USE_TRITON not in ("auto", "0", "1"):
+        return f"LIME_TRITON={USE_TRITON!r}: choose from auto (Triton on CUDA), 0 (plain PyTorch) or 1 (Triton always)"
+    if USE_TRITON == "1" and triton is None:
+        return "LIME_TRITON=1: this Python has no Triton (CUDA builds of torch bring it; or pip install triton)"
+    if USE_TRITON == "1" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        return (f"LIME_TRITON=1 on {device}: Triton runs there only through its CPU interpreter, so set "
+                "TRITON_INTERPRET=1 too (slow: how the tests run the kernels)")
+    return None
+
+
 def use_triton(t):
     if triton is None or t.dtype == torch.float64:  # (the kernels' dots take fp32 at most: a .double() model's K/V)
         return False
@@ -124,7 +137,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grads):
     kv, w = ctx.saved_tensors
-    need_w = ctx.needs_input_grad[1]  # not where all of w is fixed: `average`'s, layer 0's pushed to itself alone
+    need_w = ctx.needs_input_grad[1]  # not where all of w is fixed: `average`'s
     grad_kv, grad_w = route_backward(list(grads), kv, w, need_w)
     return grad_kv, grad_w if need_w else None, list(grads[:ctx.n_partials])  # partials: passed through
 

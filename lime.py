@@ -199,6 +199,8 @@ class Routing:
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
         # sums would silently lack its share
         targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
+        if targets == [layer] and isinstance(router, Own) and router.sources == [layer]:
+            return kv  # layer 0 read by no pushed layer (dynamic, value-residual): weight 1 on itself, no op, no copy
         outs = self.push(layer, kv, targets) if targets else {}
         if not pulled:
             return outs[layer]
@@ -443,8 +445,9 @@ class GPT(nn.Module):
                                                            head_dim for a router of the values alone)
           + Residual.flops()                              (what the residual stream adds; 0 for the plain one)
 
-        The routing term is what LIMe adds (layer 0 only copies its own K/V): each routed K/V element is a dot product
-        over the allowed sources (within-head weights: the same head only); O(L^2) in depth in `lime` and `average`."""
+        The routing term is what LIMe adds (layer 0 copies its own K/V at most): each routed K/V element is a dot
+        product over the allowed sources (within-head weights: the same head only); O(L^2) in depth in `lime` and
+        `average`."""
         c = self.config
         T = seq_len or c.block_size
         head_dim = c.n_embd // c.n_head

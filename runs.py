@@ -51,9 +51,11 @@ class EvalConfig(GPTConfig):
     data_dir: str = option("", "where the dataset is (default data/<data>)", path=True)
     micro_batch_size: int = option(16, "sequences per forward pass per process; the rest is gradient accumulation",
                                    rule=SIZE)
-    eval_tokens: int = option(2_097_152, "language data: validation tokens (fixed windows from the start of val)",
+    eval_tokens: int = option(2_097_152, "language data: validation tokens, in whole windows from the start of val "
+                              "(a shorter shard: all of it)",
                               rule=POSITIVE, data=TokenData)
-    eval_samples: int = option(1000, "tasks: samples per tier scored (test, validation); prosqa: test questions",
+    eval_samples: int = option(1000, "tasks: samples per tier scored (test, validation); prosqa: test questions; "
+                               "a smaller split is scored whole",
                                rule=POSITIVE, data=TaskRows)
     task: dict = None  # not a flag: the task's regime as its data names it (arithmetic), recorded by train.py
 

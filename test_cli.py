@@ -56,6 +56,27 @@ def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
         cli.pick_device("cuda:1")
 
 
+def test_lime_triton_is_checked_with_the_device(monkeypatch):
+    """LIME_TRITON is auto, 0 or 1: another value is refused, not read as auto; 1 off CUDA needs Triton's
+    interpreter (else a traceback from Triton's driver at the first forward), or Triton at all."""
+    import kernels
+    monkeypatch.setattr(kernels, "USE_TRITON", "yes")
+    with pytest.raises(cli.UsageError, match=re.escape("LIME_TRITON='yes': choose from auto (Triton on CUDA), 0")):
+        cli.pick_device("auto")  # (auto too: resolved, then checked)
+    monkeypatch.setattr(kernels, "USE_TRITON", "1")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(cli.UsageError, match="LIME_TRITON=1 on cpu: .* so set TRITON_INTERPRET=1 too"):
+        cli.pick_device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cli.pick_device("cpu") == "cpu"
+    monkeypatch.setattr(kernels, "triton", None)
+    with pytest.raises(cli.UsageError, match="LIME_TRITON=1: this Python has no Triton"):
+        cli.pick_device("cpu")
+    for value in ("0", "auto"):
+        monkeypatch.setattr(kernels, "USE_TRITON", value)
+        assert cli.pick_device("cpu") == "cpu"
+
+
 def test_metrics_show_accuracies_in_percent():
     """What the scripts print of metrics: an accuracy (acc, acc_4, val_acc_6) in percent, as the README gives them,
     anything else to 4 decimals."""
@@ -498,6 +519,8 @@ BAD_INPUTS = [
     ("train", train_args("--eval-samples=0"), 2, "--eval-samples must be positive, got 0"),
     ("train", lambda a, r, t: ["--preset=150m", "--data=shakespeare", "--epochs=2", f"--out-dir={t / 'run'}"], 2,
      "--epochs is for arithmetic and prosqa data, not --data=shakespeare"),  # refused, not ignored
+    ("train", lambda a, r, t: ["--preset=150m", "--data=shakespeare", "--eval-tokens=100", f"--out-dir={t / 'run'}"],
+     2, "--eval-tokens=100 is less than one window of --block-size=2048: nothing to evaluate on"),  # (not the shard)
     ("train", train_args("--eval-tokens=100"), 2, "--eval-tokens is for fineweb-edu and shakespeare data, not "
                                                   "--data=arithmetic"),
     ("train", train_args("--resume", "--overwrite"), 2, "give one of them"),

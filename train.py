@@ -88,6 +88,9 @@ class TrainConfig(runs.EvalConfig):
         check_fields(self, runs.flag)  # "--lr must be positive, got 0"
         if self.min_lr > self.lr:  # (the schedule would climb to it: --lr is the peak)
             raise ValueError(f"--min-lr={self.min_lr:g} is above --lr={self.lr:g}, the schedule's peak")
+        if not issubclass(runs.DATASETS[self.data], TaskRows) and self.eval_tokens < self.block_size:
+            raise ValueError(f"--eval-tokens={self.eval_tokens} is less than one window of --block-size="
+                             f"{self.block_size}: nothing to evaluate on")
         super().__post_init__()
         if self.router_top_p > 0 and not satisfies(parse_router(self.router)[0], prunable):
             raise ValueError(f"--router-top-p applies to {prunable_forms()}, not --router={self.router}")
