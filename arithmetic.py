@@ -337,6 +337,11 @@ def regime(meta):
     return {**dataclasses.asdict(Task.from_meta(meta)), **sizes}
 
 
+def regime_of(task, seed, train_size, test_size):
+    """The regime (as regime() reads it from a meta.json) of the data that generate() makes of these."""
+    return {**dataclasses.asdict(task), "seed": seed, "train_size": train_size, "test_size": test_size}
+
+
 def describe(regime):
     """'int-steps, tiers 4,5,6 operands (seed 0; 50000 train, 1000 test, 1000 val a tier)'."""
     sizes = f"seed {regime['seed']}; {regime['train_size']} train, {regime['test_size']} test, {regime['test_size']} " \
@@ -399,9 +404,8 @@ def edited(data_dir, task, seed, train_size, test_size):
         there = path.read_text().splitlines() if path.exists() else lines  # (as load() reads it)
         if there != lines:
             i = next((i for i, (a, b) in enumerate(zip(there, lines)) if a != b), min(len(there), len(lines)))
-            have = dict(**dataclasses.asdict(task), seed=seed, train_size=train_size, test_size=test_size)
             return (f"{data_dir} holds other lines than this code makes of the data its meta.json names, "
-                    f"{describe(have)} (edited, or made by another version): line {i + 1} of its {path.name}")
+                    f"{describe(regime_of(task, seed, train_size, test_size))} (edited, or made by another version): line {i + 1} of its {path.name}")
     return None
 
 
@@ -445,7 +449,7 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
 
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     """prepare()'s work, in the folder it holds."""
-    want = {**dataclasses.asdict(task), "seed": seed, "train_size": train_size, "test_size": test_size}
+    want = regime_of(task, seed, train_size, test_size)
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, or not_ours, below)
         try:
             have = holds(data_dir)

@@ -23,7 +23,6 @@ already (each unfinished run by train.py --resume --dry-run).
 from cli import DataError, Parser, UsageError, a_path, folder_problem, holding, one_line_errors, read_json
 
 import ctypes
-import dataclasses
 import json
 import math
 import os
@@ -58,7 +57,7 @@ def regimes(args):
 
 def data_of(task, args):
     """The grid's data of a regime, as arithmetic.regime() reads a meta.json or a run's config: seed 0 and its sizes."""
-    return dict(**dataclasses.asdict(task), seed=0, train_size=args.train_size, test_size=args.test_size)
+    return arithmetic.regime_of(task, 0, args.train_size, args.test_size)
 
 
 def prepare(data_dir, task, args, generate=True):
