@@ -328,6 +328,9 @@ def test_two_process_ddp_on_cpu(ddp_run, answer_dir, tmp_path):
     one, two = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (tmp_path / "one", out))
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
+    # the logged loss is the step's, over every process's rows, as one process logs it (it was rank 0's rows alone)
+    losses = [[r["loss"] for r in read_log(d) if "loss" in r] for d in (tmp_path / "one", out)]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-6), losses
 
 
 def test_a_run_that_never_logged_a_step_is_run_again_by_the_same_command(answer_dir, tmp_path, monkeypatch, capsys):

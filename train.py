@@ -264,6 +264,9 @@ def train(cfg, run):
                         loss = model(x, y)[1] / accum  # own tokens: the step's loss is a mean of those means
                     loss.backward()
                 loss_sum += loss.detach()
+            if ddp:  # the step's loss over every process's rows, as one process that draws them all logs it
+                dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world size)
+                loss_sum /= world
             if mask is not None:  # no gradient for a pruned weight, so it counts for nothing in the clipping either
                 mask_routers(raw_model, mask)
             if cfg.grad_clip > 0:
