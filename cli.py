@@ -8,7 +8,7 @@ Exit codes, the same in every script:
      another process's (a folder a run trains in, or a file it wrote while this command ran);
   1  something the command reads is missing or broken: a file that is absent, empty, cut short,
      corrupt, or of another run or regime (data, a checkpoint, a log, a summary); a download that
-     failed; a loss that is not finite;
+     failed; a loss that is not finite; another process of a run under torchrun gone;
   128 + the signal number after an interruption: 130 for Ctrl-C, 143 for SIGTERM (129 for SIGHUP, the terminal
      closed, in train.py and grid.py, which save a checkpoint first).
 Each ends with one line on stderr, and what was there before stays as it was.
@@ -34,7 +34,8 @@ SCRIPT = Path(MAIN or "").name  # "train.py" when that one runs
 
 
 def interrupted_while_starting(signum, frame):
-    print(f"{SCRIPT}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+    if "RANK" not in os.environ or os.environ.get("LOCAL_RANK", "0") == "0":  # (torchrun signals each: said once a
+        print(f"{SCRIPT}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)  # machine, as one_line_errors)
     os._exit(128 + signum)
 
 
@@ -110,17 +111,28 @@ def a_path(text):
     return text
 
 
-def fail(script, message, code):
-    """One line on stderr, then exit with `code`."""
-    print(f"{script}: {message}", file=sys.stderr)
+def fail(script, message, code, say=True):
+    """One line on stderr (unless `say` is False: another process says it), then exit with `code`."""
+    if say:
+        print(f"{script}: {message}", file=sys.stderr)
     sys.exit(code)
 
 
+def lost_peer(e):
+    """What a failed collective of torch.distributed says, in short, where another process of the run is gone: gloo's
+    'Connection closed by peer [127.0.0.1]:61068' (a RuntimeError whose text begins with its place in gloo's
+    transport); None for any other error."""
+    m = re.match(r"\[[^\]]*gloo/transport/[^\]]*\]\s*(.+)", str(e), re.S)
+    return m and "gloo: " + m[1].splitlines()[0].split(". ")[0][:200]
+
+
 @contextmanager
-def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
+def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=lambda: False):
     """Bad usage, a data problem or an interruption inside ends the script with one line and its
     exit code. data_hint(e): what to add to a DataError's message; `interrupted`: what to say after
-    Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises)."""
+    Ctrl-C or SIGTERM (an exception with `signum`, as train.py's signal handler raises); elsewhere(): whether
+    another process says the line of a UsageError, a DataError or a signal (train.py under torchrun: one of each
+    machine's, which torchrun signals all at once)."""
     own = signal.getsignal(signal.SIGINT) is interrupted_while_starting  # (a script's own process: not a test's)
     if own:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
@@ -133,10 +145,12 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
     try:
         yield
     except UsageError as e:
-        fail(script, f"error: {e}", 2)
+        fail(script, f"error: {e}", 2, not elsewhere())
     except DataError as e:
-        fail(script, f"error: {e}{data_hint(e)}", 1)
+        fail(script, f"error: {e}{data_hint(e)}", 1, not elsewhere())
     except RuntimeError as e:  # out of memory: CUDA's (torch.OutOfMemoryError, a RuntimeError) or a CPU allocator's
+        if lost := lost_peer(e):  # (torchrun: rank 0 says it, if it is not the one gone; torchrun names that one)
+            fail(script, f"error: another process of this run is gone ({lost})", 1, os.environ.get("RANK", "0") == "0")
         if str(e).startswith("Symlink loop from "):  # Path.resolve() before Python 3.13, on a path given or read
             fail(script, f"error: cannot follow {str(e).removeprefix('Symlink loop from ')}: a symbolic link on the "
                          "way leads back to itself", 1)
@@ -159,7 +173,7 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted=""):
         fail(script, f"error: {e.filename}: {e.strerror}" + (f" (this user may not enter {shut})" if shut else ""), 1)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum)
+        fail(script, f"interrupted ({signal.Signals(signum).name}){interrupted}", 128 + signum, not elsewhere())
     except BrokenPipeError:
         if not stdout_closed():
             raise  # another pipe (a worker's): a fault to see

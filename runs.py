@@ -78,7 +78,12 @@ def main(script, argv, cls, presets, train, description=None):
             " (the offline --preset=tiny needs no download)"
         return how + offline
 
-    with one_line_errors(script, data_hint):
+    run = None
+
+    def elsewhere():  # NOTE under torchrun every process checks the same flags and files until the run begins: the
+        return not (run and run.begun) and not first_here()  # first of each machine says what is wrong, not each
+
+    with one_line_errors(script, data_hint, elsewhere=elsewhere):
         cfg, resume, init, dry_run, seen = resolve(argv, cls, presets, description)
         run = Run(cfg, resume, init, seen)  # reads what a resume keeps of the log: nothing is written till it is whole
         if dry_run:
@@ -229,6 +234,15 @@ def processes():
     if not 0 <= rank < world:
         raise UsageError(f"RANK={rank} with WORLD_SIZE={world}: a process's rank is 0 .. WORLD_SIZE - 1")
     return rank, world
+
+
+def first_here():
+    """Whether this process is the first on its machine: a plain run's, or LOCAL_RANK 0's under torchrun (or one whose
+    variables processes() refuses: each says so)."""
+    try:
+        return processes()[1] == 1 or int(os.environ.get("LOCAL_RANK", 0)) == 0
+    except UsageError:
+        return True
 
 
 def steps_of_epochs(cfg, steps_per_epoch):
@@ -411,6 +425,7 @@ class Run:
         self.pruned_at = self.saved_pruned_at = resume.get("pruned_at") if resume else None
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
+        self.begun = False  # begin() called: from then on each process's errors are its own (runs.main)
         # what the checks saw (resolve's `seen`, taken before they read the folder); begin() holds it, then compares
         self.seen = seen if seen is not None else folder_state(self.out_dir)
         if resume is not None and (self.out_dir / "log.jsonl").exists():
@@ -471,6 +486,7 @@ class Run:
     def begin(self):
         """The folder, written only now that everything before has worked: a new run clears what an
         --overwrite leaves, a resumed one keeps the log up to its checkpoint."""
+        self.begun = True
         if self.master:
             self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
                                                   "another --out-dir")
@@ -536,6 +552,17 @@ class Run:
         BrokenPipeError then goes on to one_line_errors, which exits 141 without a word)."""
         self.signals.stopping = True  # a signal now waits for the checkpoint
         self.save(step)
+
+    def lost_peer(self, why, step):
+        """Another process of the run (torchrun) is gone, and a collective failed (`why`): a checkpoint of the last
+        whole step, the weights every process holds, saved and said by rank 0 in one line; exit 1. (The other ranks
+        say nothing: rank 0 does, or torchrun names it gone.)"""
+        self.signals.stopping = True  # torchrun's SIGTERM, which follows, waits for the checkpoint
+        self.save(step)
+        if self.master:
+            print(f"train.py: error: another process of this run is gone ({why}): checkpoint at step {step} in "
+                  f"{self.out_dir}; continue with --resume", file=sys.stderr)
+        raise SystemExit(1)
 
     def diverged(self, e):
         """A loss that is not finite: stop, keeping the last checkpoint, which was good."""

@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import types
 from pathlib import Path
@@ -119,6 +120,91 @@ def test_the_batch_is_split_over_every_process(tmp_path, capsys, monkeypatch):
     assert err == "train.py: error: --batch-size=8 is not a multiple of --micro-batch-size=8 x 2 processes"
     assert train.main(["--preset=tiny", "--batch-size=8", "--micro-batch-size=4", "--dry-run"]) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_under_torchrun_a_line_every_process_would_say_is_said_once_a_machine(tmp_path, capsys, monkeypatch):
+    """Until the run begins, every process checks the same flags and files: the first of each machine (LOCAL_RANK 0)
+    says what is wrong, the others exit with its code in silence (a line from each, crossed on one stderr). From then
+    on each process's errors are its own."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="localhost", MASTER_PORT="29500"
+                            ).items():
+        monkeypatch.setenv(name, value)
+    flags = ["--preset=tiny", "--micro-batch-size=32", "--out-dir=run"]
+    for argv, code in (([*flags[:1], "--dry-run"], 2), ([*flags, "--resume"], 1)):  # (batch 64 of 64 x 2; no ckpt)
+        for local_rank, said in (("1", 0), ("0", 1)):  # (RANK=1, LOCAL_RANK=0: the first process of a second machine)
+            monkeypatch.setenv("LOCAL_RANK", local_rank)
+            with pytest.raises(SystemExit) as e:
+                train.main(argv)
+            assert e.value.code == code and capsys.readouterr().err.count("train.py: error: ") == said
+
+    def fails(begun, error):  # train(), failing before the run's folder is begun (its data, say) or after it
+        def train_(cfg, run):
+            if begun:
+                run.begin()
+            raise error
+        return train_
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for error, code, line in ((cli.DataError("no val shards"), 1, "train.py: error: no val shards\n"),
+                              (cli.Interrupted(signal.SIGINT), 130, "train.py: interrupted (SIGINT)\n")):
+        for begun in (False, True):
+            with pytest.raises(SystemExit) as e:
+                runs.main("train.py", flags, train.TrainConfig, train.PRESETS, fails(begun, error))
+            assert e.value.code == code and capsys.readouterr().err == line * begun
+    assert list(tmp_path.iterdir()) == []  # (rank 1 writes nothing)
+    monkeypatch.setattr(os, "_exit", sys.exit)  # a Ctrl-C as torch loads, before any of that
+    for local_rank, said in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        with pytest.raises(SystemExit) as e:
+            cli.interrupted_while_starting(signal.SIGINT, None)
+        assert e.value.code == 130 and capsys.readouterr().err.count("interrupted (SIGINT)") == said
+
+
+GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:61068. "
+        "This is typically caused by a remote worker crashing. Check the logs of the remote worker before reporting "
+        "an error.")
+
+
+def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_line(answer_dir, whole_run, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Under torchrun, another process killed (kill -9, out of memory) fails this one's next collective: rank 0 saves
+    the last whole step, which every process holds, and says so in one line, exit 1 (it was gloo's traceback, and the
+    steps since the last evaluation were lost); another rank, or one outside the loop, stops with that line or none.
+    Here a process group of one (gloo, in this process), and the peer's loss raised as gloo raises it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(name, value)
+    _, undo = stop_at_step(monkeypatch, 8, lambda: (_ for _ in ()).throw(RuntimeError(GLOO)))
+    out = tmp_path / "run"
+    try:
+        err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert err == "train.py: error: another process of this run is gone (gloo: Connection closed by peer " \
+                  f"[127.0.0.1]:61068): checkpoint at step 7 in {out}; continue with --resume"
+    undo()
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    train.main(tiny_args(answer_dir, out, "--resume"))  # (as a plain run, here)
+    assert_same_run(out, whole_run)
+    run = runs.Run(runs.resolve(tiny_args(answer_dir, tmp_path / "other"), train.TrainConfig, train.PRESETS)[0])
+    run.master = False  # another rank's: it saves nothing and says nothing (rank 0 does, or torchrun names it gone)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run.lost_peer("gloo: Connection closed by peer", 7)
+    assert e.value.code == 1 and capsys.readouterr() == ("", "") and not (tmp_path / "other").exists()
+    for rank, said in (("1", ""), ("0", "x.py: error: another process of this run is gone (gloo: Connection closed by "
+                                        "peer [127.0.0.1]:61068)\n")):  # (outside the loop: the barrier of its data)
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
+            raise RuntimeError(GLOO)
+        assert e.value.code == 1 and capsys.readouterr().err == said
+    assert cli.lost_peer(RuntimeError("DefaultCPUAllocator: can't allocate memory")) is None
 
 
 def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):

@@ -20,7 +20,7 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, SIZE, autocast_for, check_fields, compiles,
-                 dtype_for, option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
+                 dtype_for, lost_peer, option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
 
 import json
 import math
@@ -309,6 +309,10 @@ def train(cfg, run):
         raise
     except FloatingPointError as e:
         run.diverged(e)  # exit 1; the last checkpoint, which was good, stays
+    except RuntimeError as e:  # torchrun: another process is gone (killed, say), and a collective failed mid-step
+        if not (ddp and (why := lost_peer(e))):
+            raise
+        run.lost_peer(why, step)  # a checkpoint of the last whole step, which every process holds; exit 1
 
     if step != cfg.max_steps:
         run.save(step)
