@@ -264,9 +264,6 @@ def train(cfg, run):
                         loss = model(x, y)[1] / accum  # own tokens: the step's loss is a mean of those means
                     loss.backward()
                 loss_sum += loss.detach()
-            if ddp:  # the step's loss over every process's rows, as one process that draws them all logs it
-                dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world size)
-                loss_sum /= world
             if mask is not None:  # no gradient for a pruned weight, so it counts for nothing in the clipping either
                 mask_routers(raw_model, mask)
             if cfg.grad_clip > 0:
@@ -281,6 +278,9 @@ def train(cfg, run):
                 optimizer.zero_grad(set_to_none=True)
                 window_steps += 1
                 if step % cfg.log_interval == 0 or step == last_step:
+                    if ddp:  # the step's loss over every process's rows, as one process drawing them all logs it
+                        dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world
+                        loss_sum /= world  # size); on a logged step only, so the others run no extra collective
                     loss_value = loss_sum.item()  # waits for the device
                     if not math.isfinite(loss_value):
                         raise FloatingPointError(f"training loss is {loss_value} at step {step}")
