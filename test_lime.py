@@ -7,6 +7,7 @@ import math
 import re
 import sys
 import weakref
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -730,32 +731,56 @@ def scratch_registry(monkeypatch):
     monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))
 
 
+@contextmanager
+def set_aside(name):
+    """methods.ROUTERS without the method `name` inside (a copy: what is defined there is gone after), and afterwards
+    the same dict as before, in its order (a method popped and put back would go last)."""
+    held = methods.ROUTERS
+    methods.ROUTERS = {k: cls for k, cls in held.items() if k != name}
+    try:
+        yield
+    finally:
+        methods.ROUTERS = held
+
+
+def test_a_forks_own_previous_is_set_aside_and_put_back_in_its_place(scratch_registry):
+    """Where a fork has written the README's `Previous` and then methods of its own, the test of `previous` below
+    leaves them in their order: else conftest's PRUNABLE (read before) no longer matches the errors' lists."""
+    methods.ROUTERS.pop("previous", None)  # (a fork's own, in the copy: this test defines one)
+
+    class Previous(lime.Own):
+        name = "previous"
+
+    class After(lime.Own):
+        name = "test-after"
+
+    before = list(methods.registry())
+    with set_aside("previous"):
+        assert "previous" not in methods.registry()
+    assert list(methods.registry()) == before
+
+
 @pytest.fixture
 def previous_router():
     """A fork's router, written in this file alone (the README's "Fork it"); afterwards the registry is as it
     was (where a fork has pasted the README's `Previous` into ablations.py or a module of its own, it keeps
     that one: set aside meanwhile, since a name is one class's)."""
-    held = methods.ROUTERS.pop("previous", None)
+    with set_aside("previous"):
+        class Previous(lime.Router):
+            """Each head reads its own K/V and the same head's in the layer before, mixed by two learned numbers."""
+            name = "previous"
 
-    class Previous(lime.Router):
-        """Each head reads its own K/V and the same head's in the layer before, mixed by two learned numbers."""
-        name = "previous"
+            def source_layers(self, layer, J):
+                return [layer - 1, layer]
 
-        def source_layers(self, layer, J):
-            return [layer - 1, layer]
+            def __init__(self, config, layer, J=None):
+                super().__init__(config, layer, J)
+                self.weight = torch.nn.Parameter(torch.empty(self.n_kv, 2))  # (n_kv, n_src): within each head
 
-        def __init__(self, config, layer, J=None):
-            super().__init__(config, layer, J)
-            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, 2))  # (n_kv, n_src): within each head
+            def weights(self, x=None):
+                return self.weight
 
-        def weights(self, x=None):
-            return self.weight
-
-    yield Previous
-    if held is None:
-        del methods.ROUTERS[Previous.name]
-    else:
-        methods.ROUTERS[Previous.name] = held
+        yield Previous
 
 
 def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
