@@ -299,7 +299,8 @@ def test_backward_from_an_inner_block(mode):
 
 @pytest.mark.parametrize("mode", EVERY)
 def test_one_graph_without_breaks(mode):
-    model = small_model(mode, n_layer=2)  # layer 0 pushes into layer 1's partial sum: every path of the routing
+    # layer 0 pushes into layer 1's partial sum: every path of the routing; 3 layers, as the probe, for a fork's J 2
+    model = small_model(mode, n_layer=3)
     explanation = torch._dynamo.explain(model)(tokens(), tokens())
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
@@ -825,6 +826,24 @@ def test_a_name_is_one_method():
         pass
 
     assert methods.parse_router("first-2")[0] is First and Base not in methods.registry().values()
+
+
+def test_the_tests_of_every_method_build_a_j_below_the_depth(scratch_registry):
+    """A fork's -J router refuses a J its model cannot take (README "Fork it"): one that reads layer l - J, J at or
+    above the depth. The tests of every method build it at J 2 (its default aside) in 3 layers at least, so they
+    test it rather than fail on its refusal."""
+    class Skip(lime.LIMe):
+        name = "test-skip-J"
+
+        def __init__(self, config, layer, J=None):
+            if J >= config.n_layer:
+                raise cli.UsageError(f"--router=test-skip-{J}: J must be below n_layer={config.n_layer}")
+            super().__init__(config, layer, J)
+
+        def source_layers(self, layer, J):
+            return sorted({max(0, layer - J), layer})
+
+    test_one_graph_without_breaks("test-skip-2")  # (the one that built 2 layers)
 
 
 @pytest.mark.parametrize("name, why", [("gpt-2", "not ending in '-<digits>'"), ("a,b", "no ','"),
