@@ -687,7 +687,10 @@ def test_a_method_is_counted_in_its_part(mode):
     own = sum(p.numel() for m in model.modules() if isinstance(m, methods.Method) for p in m.parameters())
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["router"] + counts["residual"] == own == counts["total"] - none.num_params()["total"]
-    assert model.estimate_flops(32) > none.estimate_flops(32) or mode == "none"  # every method costs some FLOPs
+    method = methods.parse_router(mode)[0].__qualname__
+    assert model.estimate_flops(32) > none.estimate_flops(32) or mode == "none", \
+        f"{method}.flops() counts nothing: a method of the stream states there the FLOPs of its work outside " \
+        "nn.Linear layers"  # every method costs some FLOPs (a router's are derived from its weights)
 
 
 def test_a_methods_part_is_its_module_not_its_names(scratch_registry):
@@ -844,6 +847,27 @@ def test_the_tests_of_every_method_build_a_j_below_the_depth(scratch_registry):
             return sorted({max(0, layer - J), layer})
 
     test_one_graph_without_breaks("test-skip-2")  # (the one that built 2 layers)
+
+
+def test_a_method_of_the_stream_that_counts_no_flops_is_told_where_they_go(scratch_registry):
+    """A method of the stream whose work is outside nn.Linear layers states its FLOPs in flops(): the test of every
+    method says so, naming the class (not only that one number is not above another)."""
+    class Gate(lime.Residual):
+        name = "test-gate"
+
+        def __init__(self, config, J=None):
+            super().__init__(config, J)
+            self.g = torch.nn.Parameter(torch.empty(2 * config.n_layer))
+
+        def init_weights(self):
+            self.g.fill_(1.0)  # h + f(h): the plain residual
+
+        def add(self, i, h, f):
+            return h + self.g[i] * f(h)
+
+    with pytest.raises(AssertionError, match=re.escape("Gate.flops() counts nothing: a method of the stream states "
+                                                       "there the FLOPs of its work outside nn.Linear layers")):
+        test_a_method_is_counted_in_its_part("test-gate")
 
 
 @pytest.mark.parametrize("name, why", [("gpt-2", "not ending in '-<digits>'"), ("a,b", "no ','"),
