@@ -7,6 +7,7 @@ import math
 import re
 import sys
 import weakref
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -298,7 +299,8 @@ def test_backward_from_an_inner_block(mode):
 
 @pytest.mark.parametrize("mode", EVERY)
 def test_one_graph_without_breaks(mode):
-    model = small_model(mode, n_layer=2)  # layer 0 pushes into layer 1's partial sum: every path of the routing
+    # layer 0 pushes into layer 1's partial sum: every path of the routing; 3 layers, as the probe, for a fork's J 2
+    model = small_model(mode, n_layer=3)
     explanation = torch._dynamo.explain(model)(tokens(), tokens())
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
@@ -685,7 +687,10 @@ def test_a_method_is_counted_in_its_part(mode):
     own = sum(p.numel() for m in model.modules() if isinstance(m, methods.Method) for p in m.parameters())
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["router"] + counts["residual"] == own == counts["total"] - none.num_params()["total"]
-    assert model.estimate_flops(32) > none.estimate_flops(32) or mode == "none"  # every method costs some FLOPs
+    method = methods.parse_router(mode)[0].__qualname__
+    assert model.estimate_flops(32) > none.estimate_flops(32) or mode == "none", \
+        f"{method}.flops() counts nothing: a method of the stream states there the FLOPs of its work outside " \
+        "nn.Linear layers"  # every method costs some FLOPs (a router's are derived from its weights)
 
 
 def test_a_methods_part_is_its_module_not_its_names(scratch_registry):
@@ -730,32 +735,56 @@ def scratch_registry(monkeypatch):
     monkeypatch.setattr(methods, "ROUTERS", dict(methods.ROUTERS))
 
 
+@contextmanager
+def set_aside(name):
+    """methods.ROUTERS without the method `name` inside (a copy: what is defined there is gone after), and afterwards
+    the same dict as before, in its order (a method popped and put back would go last)."""
+    held = methods.ROUTERS
+    methods.ROUTERS = {k: cls for k, cls in held.items() if k != name}
+    try:
+        yield
+    finally:
+        methods.ROUTERS = held
+
+
+def test_a_forks_own_previous_is_set_aside_and_put_back_in_its_place(scratch_registry):
+    """Where a fork has written the README's `Previous` and then methods of its own, the test of `previous` below
+    leaves them in their order: else conftest's PRUNABLE (read before) no longer matches the errors' lists."""
+    methods.ROUTERS.pop("previous", None)  # (a fork's own, in the copy: this test defines one)
+
+    class Previous(lime.Own):
+        name = "previous"
+
+    class After(lime.Own):
+        name = "test-after"
+
+    before = list(methods.registry())
+    with set_aside("previous"):
+        assert "previous" not in methods.registry()
+    assert list(methods.registry()) == before
+
+
 @pytest.fixture
 def previous_router():
     """A fork's router, written in this file alone (the README's "Fork it"); afterwards the registry is as it
     was (where a fork has pasted the README's `Previous` into ablations.py or a module of its own, it keeps
     that one: set aside meanwhile, since a name is one class's)."""
-    held = methods.ROUTERS.pop("previous", None)
+    with set_aside("previous"):
+        class Previous(lime.Router):
+            """Each head reads its own K/V and the same head's in the layer before, mixed by two learned numbers."""
+            name = "previous"
 
-    class Previous(lime.Router):
-        """Each head reads its own K/V and the same head's in the layer before, mixed by two learned numbers."""
-        name = "previous"
+            def source_layers(self, layer, J):
+                return [layer - 1, layer]
 
-        def source_layers(self, layer, J):
-            return [layer - 1, layer]
+            def __init__(self, config, layer, J=None):
+                super().__init__(config, layer, J)
+                self.weight = torch.nn.Parameter(torch.empty(self.n_kv, 2))  # (n_kv, n_src): within each head
 
-        def __init__(self, config, layer, J=None):
-            super().__init__(config, layer, J)
-            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, 2))  # (n_kv, n_src): within each head
+            def weights(self, x=None):
+                return self.weight
 
-        def weights(self, x=None):
-            return self.weight
-
-    yield Previous
-    if held is None:
-        del methods.ROUTERS[Previous.name]
-    else:
-        methods.ROUTERS[Previous.name] = held
+        yield Previous
 
 
 def test_the_registry_imports_the_modules_that_define_methods(monkeypatch):
@@ -800,6 +829,45 @@ def test_a_name_is_one_method():
         pass
 
     assert methods.parse_router("first-2")[0] is First and Base not in methods.registry().values()
+
+
+def test_the_tests_of_every_method_build_a_j_below_the_depth(scratch_registry):
+    """A fork's -J router refuses a J its model cannot take (README "Fork it"): one that reads layer l - J, J at or
+    above the depth. The tests of every method build it at J 2 (its default aside) in 3 layers at least, so they
+    test it rather than fail on its refusal."""
+    class Skip(lime.LIMe):
+        name = "test-skip-J"
+
+        def __init__(self, config, layer, J=None):
+            if J >= config.n_layer:
+                raise cli.UsageError(f"--router=test-skip-{J}: J must be below n_layer={config.n_layer}")
+            super().__init__(config, layer, J)
+
+        def source_layers(self, layer, J):
+            return sorted({max(0, layer - J), layer})
+
+    test_one_graph_without_breaks("test-skip-2")  # (the one that built 2 layers)
+
+
+def test_a_method_of_the_stream_that_counts_no_flops_is_told_where_they_go(scratch_registry):
+    """A method of the stream whose work is outside nn.Linear layers states its FLOPs in flops(): the test of every
+    method says so, naming the class (not only that one number is not above another)."""
+    class Gate(lime.Residual):
+        name = "test-gate"
+
+        def __init__(self, config, J=None):
+            super().__init__(config, J)
+            self.g = torch.nn.Parameter(torch.empty(2 * config.n_layer))
+
+        def init_weights(self):
+            self.g.fill_(1.0)  # h + f(h): the plain residual
+
+        def add(self, i, h, f):
+            return h + self.g[i] * f(h)
+
+    with pytest.raises(AssertionError, match=re.escape("Gate.flops() counts nothing: a method of the stream states "
+                                                       "there the FLOPs of its work outside nn.Linear layers")):
+        test_a_method_is_counted_in_its_part("test-gate")
 
 
 @pytest.mark.parametrize("name, why", [("gpt-2", "not ending in '-<digits>'"), ("a,b", "no ','"),
