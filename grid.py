@@ -258,7 +258,7 @@ def check_flags(cmd, resume=False):
                           text=True, env=alone())
     if done.returncode:
         line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
-        raise (DataError if done.returncode == 1 else UsageError)(f"the flags for train.py: {line}")
+        raise (DataError if done.returncode == 1 else UsageError)(f"train.py, as the grid runs it: {line}")
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("config: "))[8:])
 
 

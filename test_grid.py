@@ -85,7 +85,7 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         "unfinished run of --epochs 0.5, not 1: a run goes on from its checkpoint, so give another --out-dir for " \
         "another budget"
     err = error_of(grid.main, [*args, "--eval-interval=3"], capsys)  # (what only train.py --resume refuses: asked)
-    assert err.startswith(f"grid.py: error: the flags for train.py: --resume: {lime / 'ckpt.pt'} was trained with "
+    assert err.startswith(f"grid.py: error: train.py, as the grid runs it: --resume: {lime / 'ckpt.pt'} was trained with "
                           "eval_interval=") and err.endswith(" (not 3)")
     assert snapshot(regime) == before
 
@@ -210,8 +210,8 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, r
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--", "--batch-size=abc"], "the flags for train.py: argument --batch-size: invalid int value: 'abc'"),
-    (["--", "--lr=0"], "the flags for train.py: --lr must be positive, got 0"),
+    (["--", "--batch-size=abc"], "train.py, as the grid runs it: argument --batch-size: invalid int value: 'abc'"),
+    (["--", "--lr=0"], "train.py, as the grid runs it: --lr must be positive, got 0"),
     (["--", "--resume"], "the flags for train.py: --resume: the grid decides it run by run (a finished run is kept, "
                          "an unfinished one resumes, one that never saved starts over)"),
     (["--", "--over"], "the flags for train.py: --overwrite: the grid decides it run by run"),  # (it ran the grid)
@@ -225,7 +225,7 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, r
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
-    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "the flags for train.py: --router-top-p applies to "
+    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "train.py, as the grid runs it: --router-top-p applies to "
      f"routers whose weights() is a learned Parameter itself, the same at every token ({PRUNABLE}), not --router=none"),
     # (each router's flags are checked)
 ])
