@@ -207,6 +207,41 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
     assert cli.lost_peer(RuntimeError("DefaultCPUAllocator: can't allocate memory")) is None
 
 
+def test_a_process_gone_at_the_logged_loss_leaves_the_step_before_it(answer_dir, whole_run, tmp_path, monkeypatch,
+                                                                      capsys):
+    """The loss's all_reduce of a logged step fails where another process is gone: it runs before the update, so rank
+    0 saves the step before, whose row the log holds (it ran after step += 1: a checkpoint of step 8 and no row of
+    it, missing from the log for good once resumed). A process group of one, as above."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(name, value)
+    all_reduce, losses = torch.distributed.all_reduce, []
+
+    def reduce(tensor, *args, **kwargs):  # train()'s own (the loss's, --log-interval=1: one a step), not evaluate()'s
+        if sys._getframe(1).f_code is train.train.__code__:
+            losses.append(tensor)
+            if len(losses) == 8:
+                raise RuntimeError(GLOO)
+        return all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", reduce)
+    out = tmp_path / "run"
+    try:
+        err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert err.endswith(f"checkpoint at step 7 in {out}; continue with --resume")
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    train.main(tiny_args(answer_dir, out, "--resume"))
+    assert_same_run(out, whole_run)
+
+
 def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     out = tmp_path / "run"
     train.main(tiny_args(answer_dir, out, "--stop-at=2"))

@@ -268,8 +268,13 @@ def train(cfg, run):
                 mask_routers(raw_model, mask)
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            logged = (step + 1) % cfg.log_interval == 0 or step + 1 == last_step  # the step about to be taken's row
+            if ddp and logged:  # the step's loss over every process's rows, as one process drawing them all logs it
+                dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world size); on a
+                loss_sum /= world  # logged step only, and before the update: a process gone fails it, step not taken
             # NOTE an update and its log row, whole or neither: a signal between them left a checkpoint of the step
-            # and no row of it, missing from the log for good once resumed (more likely on a GPU, where .item() waits)
+            # and no row of it, missing from the log for good once resumed (more likely on a GPU, where .item() waits);
+            # so no collective in here either (a process gone would fail it between them: run.lost_peer)
             with run.signals.hold():
                 optimizer.step()
                 if mask is not None:  # exactly zero, whatever the optimiser did
@@ -277,10 +282,7 @@ def train(cfg, run):
                 step += 1
                 optimizer.zero_grad(set_to_none=True)
                 window_steps += 1
-                if step % cfg.log_interval == 0 or step == last_step:
-                    if ddp:  # the step's loss over every process's rows, as one process drawing them all logs it
-                        dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world
-                        loss_sum /= world  # size); on a logged step only, so the others run no extra collective
+                if logged:
                     loss_value = loss_sum.item()  # waits for the device
                     if not math.isfinite(loss_value):
                         raise FloatingPointError(f"training loss is {loss_value} at step {step}")
