@@ -263,6 +263,18 @@ def test_fast_routing_equals_the_reference(mode):
         torch.testing.assert_close(fast[name], ref[name], rtol=1e-10, atol=1e-13, msg=name)
 
 
+def test_a_forks_own_reading_itself_alone_is_routed_by_its_weights(scratch_registry):
+    """Layer 0 (Own, weight 1 on itself) read by no pushed layer is its own K/V, no route op; a fork's subclass of
+    Own that reads its layer alone at another weight is routed still (it was skipped as layer 0: a scale unapplied)."""
+    class Halved(lime.Own):
+        name = "test-halved"
+
+        def weights(self, x=None):
+            return self.weight / 2
+
+    test_fast_routing_equals_the_reference("test-halved")
+
+
 def test_a_router_pulled_at_some_layers_only_still_pushes_to_the_others():
     """A fork's router may pull at some layers and be pushed at others: a pulled layer's K/V still reaches the
     running sums of the pushed layers that read it."""
