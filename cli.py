@@ -121,7 +121,7 @@ def fail(script, message, code, say=True):
 def lost_peer(e):
     """What a failed collective of torch.distributed says, in short, where another process of the run is gone: gloo's
     'Connection closed by peer [127.0.0.1]:61068' (a RuntimeError whose text begins with its place in gloo's
-    transport); None for any other error."""
+    transport; a peer that hangs past gloo's timeout says so the same way); None for any other error."""
     m = re.match(r"\[[^\]]*gloo/transport/[^\]]*\]\s*(.+)", str(e), re.S)
     return m and "gloo: " + m[1].splitlines()[0].split(". ")[0][:200]
 
@@ -150,7 +150,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
         fail(script, f"error: {e}{data_hint(e)}", 1, not elsewhere())
     except RuntimeError as e:  # out of memory: CUDA's (torch.OutOfMemoryError, a RuntimeError) or a CPU allocator's
         if lost := lost_peer(e):  # (torchrun: rank 0 says it, if it is not the one gone; torchrun names that one)
-            fail(script, f"error: another process of this run is gone ({lost})", 1, os.environ.get("RANK", "0") == "0")
+            fail(script, f"error: another process of this run is gone or not answering ({lost})", 1,
+                 os.environ.get("RANK", "0") == "0")
         if str(e).startswith("Symlink loop from "):  # Path.resolve() before Python 3.13, on a path given or read
             fail(script, f"error: cannot follow {str(e).removeprefix('Symlink loop from ')}: a symbolic link on the "
                          "way leads back to itself", 1)

@@ -560,8 +560,8 @@ class Run:
         self.signals.stopping = True  # torchrun's SIGTERM, which follows, waits for the checkpoint
         self.save(step)
         if self.master:
-            print(f"train.py: error: another process of this run is gone ({why}): checkpoint at step {step} in "
-                  f"{self.out_dir}; continue with --resume", file=sys.stderr)
+            print(f"train.py: error: another process of this run is gone or not answering ({why}): checkpoint at "
+                  f"step {step} in {self.out_dir}; continue with --resume", file=sys.stderr)
         raise SystemExit(1)
 
     def diverged(self, e):

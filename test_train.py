@@ -185,7 +185,8 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    assert err == "train.py: error: another process of this run is gone (gloo: Connection closed by peer " \
+    assert err == "train.py: error: another process of this run is gone or not answering (gloo: Connection " \
+                  "closed by peer " \
                   f"[127.0.0.1]:61068): checkpoint at step 7 in {out}; continue with --resume"
     undo()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -198,7 +199,8 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
     with pytest.raises(SystemExit) as e:
         run.lost_peer("gloo: Connection closed by peer", 7)
     assert e.value.code == 1 and capsys.readouterr() == ("", "") and not (tmp_path / "other").exists()
-    for rank, said in (("1", ""), ("0", "x.py: error: another process of this run is gone (gloo: Connection closed by "
+    for rank, said in (("1", ""), ("0", "x.py: error: another process of this run is gone or not answering "
+                                        "(gloo: Connection closed by "
                                         "peer [127.0.0.1]:61068)\n")):  # (outside the loop: the barrier of its data)
         monkeypatch.setenv("RANK", rank)
         with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
