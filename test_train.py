@@ -1,6 +1,7 @@
 """Training (train.py) and its run management (runs.py): the loss goes down, resuming equals not
 stopping, signals save a checkpoint, flags come from the config, several processes."""
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -166,31 +167,37 @@ GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection c
         "an error.")
 
 
+@contextlib.contextmanager
+def a_group_of_one():
+    """torchrun's variables for a process group of one (gloo, in this process) on a free port; afterwards the group
+    that train.py made of them is gone, and so are they."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.MonkeyPatch.context() as m:
+        for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port)).items():
+            m.setenv(name, value)
+        try:
+            yield
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+
 def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_line(answer_dir, whole_run, tmp_path,
                                                                                    monkeypatch, capsys):
     """Under torchrun, another process killed (kill -9, out of memory) fails this one's next collective: rank 0 saves
     the last whole step, which every process holds, and says so in one line, exit 1 (it was gloo's traceback, and the
     steps since the last evaluation were lost); another rank, or one outside the loop, stops with that line or none.
     Here a process group of one (gloo, in this process), and the peer's loss raised as gloo raises it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(port)).items():
-        monkeypatch.setenv(name, value)
     _, undo = stop_at_step(monkeypatch, 8, lambda: (_ for _ in ()).throw(RuntimeError(GLOO)))
     out = tmp_path / "run"
-    try:
+    with a_group_of_one():
         err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    assert err == "train.py: error: another process of this run is gone or not answering (gloo: Connection " \
-                  "closed by peer " \
-                  f"[127.0.0.1]:61068): checkpoint at step 7 in {out}; continue with --resume"
+    assert err == "train.py: error: another process of this run is gone or not answering (gloo: Connection closed " \
+                  f"by peer [127.0.0.1]:61068): checkpoint at step 7 in {out}; continue with --resume"
     undo()
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name)
     train.main(tiny_args(answer_dir, out, "--resume"))  # (as a plain run, here)
     assert_same_run(out, whole_run)
     run = runs.Run(runs.resolve(tiny_args(answer_dir, tmp_path / "other"), train.TrainConfig, train.PRESETS)[0])
@@ -200,8 +207,8 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
         run.lost_peer("gloo: Connection closed by peer", 7)
     assert e.value.code == 1 and capsys.readouterr() == ("", "") and not (tmp_path / "other").exists()
     for rank, said in (("1", ""), ("0", "x.py: error: another process of this run is gone or not answering "
-                                        "(gloo: Connection closed by "
-                                        "peer [127.0.0.1]:61068)\n")):  # (outside the loop: the barrier of its data)
+                                        "(gloo: Connection closed by peer [127.0.0.1]:61068)\n")):  # (outside the
+        # loop: the barrier of its data)
         monkeypatch.setenv("RANK", rank)
         with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
             raise RuntimeError(GLOO)
@@ -214,12 +221,6 @@ def test_a_process_gone_at_the_logged_loss_leaves_the_step_before_it(answer_dir,
     """The loss's all_reduce of a logged step fails where another process is gone: it runs before the update, so rank
     0 saves the step before, whose row the log holds (it ran after step += 1: a checkpoint of step 8 and no row of
     it, missing from the log for good once resumed). A process group of one, as above."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(port)).items():
-        monkeypatch.setenv(name, value)
     all_reduce, losses = torch.distributed.all_reduce, []
 
     def reduce(tensor, *args, **kwargs):  # train()'s own (the loss's, --log-interval=1: one a step), not evaluate()'s
@@ -231,15 +232,10 @@ def test_a_process_gone_at_the_logged_loss_leaves_the_step_before_it(answer_dir,
 
     monkeypatch.setattr(torch.distributed, "all_reduce", reduce)
     out = tmp_path / "run"
-    try:
+    with a_group_of_one():
         err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
     assert err.endswith(f"checkpoint at step 7 in {out}; continue with --resume")
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name)
     train.main(tiny_args(answer_dir, out, "--resume"))
     assert_same_run(out, whole_run)
 
