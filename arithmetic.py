@@ -405,7 +405,8 @@ def edited(data_dir, task, seed, train_size, test_size):
         if there != lines:
             i = next((i for i, (a, b) in enumerate(zip(there, lines)) if a != b), min(len(there), len(lines)))
             return (f"{data_dir} holds other lines than this code makes of the data its meta.json names, "
-                    f"{describe(regime_of(task, seed, train_size, test_size))} (edited, or made by another version): line {i + 1} of its {path.name}")
+                    f"{describe(regime_of(task, seed, train_size, test_size))} (edited, or made by another version): "
+                    f"line {i + 1} of its {path.name}")
     return None
 
 

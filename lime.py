@@ -199,8 +199,8 @@ class Routing:
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
         # sums would silently lack its share
         targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
-        if targets == [layer] and type(router) is Own and router.sources == [layer]:  # (not a subclass: its weights)
-            return kv  # layer 0 read by no pushed layer (dynamic, value-residual): weight 1 on itself, no op, no copy
+        if targets == [layer] and type(router) is Own:  # (Own itself, not a subclass: it reads [layer] at weight 1)
+            return kv  # layer 0 read by no pushed layer (dynamic, value-residual): its own K/V, no op, no copy
         outs = self.push(layer, kv, targets) if targets else {}
         if not pulled:
             return outs[layer]

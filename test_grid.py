@@ -85,8 +85,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         "unfinished run of --epochs 0.5, not 1: a run goes on from its checkpoint, so give another --out-dir for " \
         "another budget"
     err = error_of(grid.main, [*args, "--eval-interval=3"], capsys)  # (what only train.py --resume refuses: asked)
-    assert err.startswith(f"grid.py: error: train.py, as the grid runs it: --resume: {lime / 'ckpt.pt'} was trained with "
-                          "eval_interval=") and err.endswith(" (not 3)")
+    assert err.startswith(f"grid.py: error: train.py, as the grid runs it: --resume: {lime / 'ckpt.pt'} was trained "
+                          "with eval_interval=") and err.endswith(" (not 3)")
     assert snapshot(regime) == before
 
 
