@@ -192,6 +192,11 @@ def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):
         records = prosqa.check(dest)
         path = dest.with_suffix(".npz")
         if path.exists() and not fetched and not overwrite:
+            # kept, as made before: checked, not said to be there whole when it is cut short or of other records
+            kept = len(prosqa.load(data_dir, split)[0])
+            if kept != len(records):
+                raise DataError(f"{path} holds {kept} questions, {dest.name} {len(records)}: remove the .npz and run "
+                                f"`{prosqa.command(data_dir)}`")
             print(f"{dest}: {len(records):,} records; {path.name} (already there)")
             continue
         tokens, offsets, prompt_lens = prosqa.tokenize(records, enc)

@@ -91,6 +91,15 @@ def load(data_dir, split):
     if not path.exists():
         raise DataError(f"no ProsQA data in {data_dir}: run `{command(data_dir)}`")
     again = f"; remove it and run `{command(data_dir)}`"  # (which keeps an .npz that is there)
+    if not path.is_file():  # a FIFO, which np.load would wait on forever; a folder
+        raise DataError(f"{path} is not a file{again}")
+    try:
+        with open(path, "rb") as f:  # np.load takes what is not a zip file for a pickle, and refuses it with advice
+            head = f.read(4)  # to load it unsafely: not what a damaged file needs
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}{again}") from None
+    if head != b"PK\x03\x04":
+        raise DataError(f"{path} is " + ("empty" if not head else "not an .npz file (no zip header)") + again)
     try:
         with np.load(path) as f:
             tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))

@@ -288,13 +288,16 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, ca
             assert error_of(analyze.main, [*argv, str(run)], capsys, 1) == \
                 f"analyze.py: error: {run / name} is not a file"
         assert snapshot(run) == before
-    os.mkfifo(tmp_path / "x_val_000000.bin")  # the readers of data too: a token shard, a ProsQA file
+    os.mkfifo(tmp_path / "x_val_000000.bin")  # the readers of data too: a token shard, a ProsQA file and its tokens
     os.mkfifo(tmp_path / "prosqa_test.json")
+    os.mkfifo(tmp_path / "prosqa_test.npz")
     with within(10):
         with pytest.raises(cli.DataError, match=r"^x_val_000000.bin: not a file$"):
             data.check_shard(tmp_path / "x_val_000000.bin")
         with pytest.raises(cli.DataError, match=rf"^prosqa_test.json in {re.escape(str(tmp_path))} is not a file$"):
             prosqa.check(tmp_path / "prosqa_test.json")
+        with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 'prosqa_test.npz'))} is not a file; "):
+            prosqa.load(tmp_path, "test")
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):

@@ -112,6 +112,29 @@ def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damag
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("damage, message", [  # damage(the .npz of the valid split), as a disk, a copy or a hand may
+    (lambda p: p.write_bytes(b""), "{path} is empty"),
+    (lambda p: p.write_bytes(p.read_bytes()[:100]), "cannot read {path}: File is not a zip file"),  # cut short
+    (lambda p: p.write_bytes(bytes(range(256)) * 4), "{path} is not an .npz file (no zip header)"),  # (not np.load's
+    (lambda p: (p.unlink(), p.mkdir()), "{path} is not a file"),  # advice to load it as a pickle, unsafely)
+    (lambda p: p.with_suffix(".json").write_text(json.dumps(prosqa_records(3, 1))),  # tokens of other records
+     "{path} holds 4 questions, prosqa_valid.json 3"),
+])
+def test_a_damaged_prosqa_npz_is_one_line_not_kept_as_there(serve, tmp_path, offline_gpt2, capsys, damage, message):
+    """prepare_data.py keeps the tokens it made before: it reads them first, as training will, and does not say
+    "(already there)" of a file that training then refuses."""
+    server = serve(prosqa_files())
+    prepare_data.prepare_prosqa(tmp_path, server.url)
+    path = tmp_path / "prosqa_valid.npz"
+    damage(path)
+    before = snapshot(tmp_path)
+    err = error_of(prepare_data.main, ["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url], capsys, 1)
+    assert err == f"prepare_data.py: error: {message.format(path=path)}" + \
+        ("; remove it and run" if "holds" not in message else ": remove the .npz and run") + \
+        f" `python prepare_data.py prosqa --data-dir {tmp_path}`"
+    assert snapshot(tmp_path) == before
+
+
 def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gpt2):
     """Scored by zip, a test split of 3 questions against 4 answers would pair the wrong ones, or leave some out."""
     train, valid = prosqa_records(32, 0), prosqa_records(4, 1)
