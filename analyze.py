@@ -282,7 +282,10 @@ def run_folders(paths):
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
     for f in files:
         print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
-    starting = [d for d in folders if (d / "train.out").exists() and not (d / "config.json").exists()]
+    # (a grid's run in its first seconds: its train.out, and none of a run's files yet; not a finished one whose
+    # config.json is lost, which a table would leave out without a word)
+    starting = [d for d in folders if (d / "train.out").exists() and
+                not any((d / name).exists() for name in runs.RUN_FILES)]
     if starting == folders:  # (a grid's runs in their first seconds, before train.py has written anything)
         raise UsageError(f"no run among the paths given has started: {starting[0]} holds a grid's train.out alone")
     for d in starting:

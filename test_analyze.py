@@ -394,6 +394,13 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert capsys.readouterr().err == f"left out {starting}: a run of grid.py not started yet\n"
     assert error_of(analyze.main, ["table", str(starting)], capsys) == \
         f"analyze.py: error: no run among the paths given has started: {starting} holds a grid's train.out alone"
+    lost = tmp_path / "lost"  # a grid's finished run whose config.json is lost: not one that has not started
+    shutil.copytree(dirs[1], lost)
+    (lost / "train.out").write_text("")
+    (lost / "config.json").unlink()
+    assert analyze.main(["table", str(lost)]) == analyze.main(["table", dirs[1]])  # (its summary.json: in the table)
+    assert error_of(analyze.main, ["curves", str(lost)], capsys, code=1) == \
+        f"analyze.py: error: no {lost / 'config.json'}"
     assert list(analyze.main(["curves", *dirs, "--metric", "val_loss", "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 4,5,6 operators, 10 steps", "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
     out = capsys.readouterr().out
