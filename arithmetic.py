@@ -562,6 +562,8 @@ def load(data_dir, trained_on=None):
     splits = {}
     for name in names:
         path = data_dir / f"{name}.txt"
+        if path.exists() and not path.is_file():  # (a FIFO's size is 0, and its read would wait for a writer forever)
+            raise DataError(f"{path} is not a file but the data's files go by that name: move it away")
         if not path.exists() or not path.stat().st_size:
             raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
         try:

@@ -163,6 +163,8 @@ def split_text(path, val_fraction):
     """(train text, val text) of the file at `path`: DataError unless it is UTF-8 with text for both."""
     name = Path(str(path).removesuffix(".part"))  # (a download is checked before it takes its name)
     fix = "" if name != Path(path) else ": put a text there, or --overwrite to download it again"
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose read would wait for a writer forever; a
+        raise DataError(f"{name} is not a file: move it away")  # folder, which no download could replace
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

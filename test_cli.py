@@ -274,7 +274,7 @@ def within(seconds):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs (Windows)")
-def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, capsys):
+def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, tmp_path, capsys):
     """A FIFO where a run's file should be (mkfifo, by hand or by a tool): its read would wait for a writer forever.
     Each reader refuses it as train.py does, with one line."""
     for name, argv in (("summary.json", ["table"]), ("config.json", ["curves"]), ("log.jsonl", ["curves"]),
@@ -291,6 +291,11 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, ca
     os.mkfifo(tmp_path / "x_val_000000.bin")  # the readers of data too: a token shard, a ProsQA file and its tokens
     os.mkfifo(tmp_path / "prosqa_test.json")
     os.mkfifo(tmp_path / "prosqa_test.npz")
+    os.mkfifo(tmp_path / "input.txt")  # (a text of your own, whose shards are not made yet)
+    arith = tmp_path / "arith"  # an arithmetic split, whose size reads 0: not "empty", nor a rebuild that fails
+    shutil.copytree(arith_dir, arith)
+    (arith / "val_5.txt").unlink()
+    os.mkfifo(arith / "val_5.txt")
     with within(10):
         with pytest.raises(cli.DataError, match=r"^x_val_000000.bin: not a file$"):
             data.check_shard(tmp_path / "x_val_000000.bin")
@@ -298,6 +303,11 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_run, tmp_path, ca
             prosqa.check(tmp_path / "prosqa_test.json")
         with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 'prosqa_test.npz'))} is not a file; "):
             prosqa.load(tmp_path, "test")
+        with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 'input.txt'))} is not a file: move it"):
+            prepare_data.prepare_shakespeare(tmp_path)
+        with pytest.raises(cli.DataError, match=rf"^{re.escape(str(arith / 'val_5.txt'))} is not a file but the data's "
+                                                "files go by that name: move it away$"):
+            arithmetic.load(arith)
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
