@@ -101,6 +101,8 @@ class Task:
 
     @classmethod
     def from_meta(cls, meta):
+        if not isinstance(meta, dict):  # ('field' in "x" or in a list finds none: it would read as the default regime)
+            raise DataError(f"a regime is a dict of its fields, not {type(meta).__name__}")
         return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
 
     @property

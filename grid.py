@@ -215,7 +215,7 @@ def check_kept(out, router, seed, task, config, args, command):
                          "--out-dir for another budget")
     # trained on the grid's data: another --train-size (its regime's folder name is the same) is other data
     try:
-        trained_on = arithmetic.regime(kept["task"]) if kept.get("task") else None  # (older: unrecorded)
+        trained_on = arithmetic.regime(kept["task"]) if kept.get("task") is not None else None  # (older: unrecorded)
     except (DataError, KeyError, TypeError):
         raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'task' is {kept['task']!r}") from None
     want = data_of(task, args)
