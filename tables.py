@@ -166,7 +166,7 @@ def single_run_table(summaries, metrics):
     run, where there is one."""
     base = next((s for s in summaries if s["router"] == "lime"), None)
     keys = [seed_group(s) for s in summaries]
-    names = [{"val_ppl": "perplexity", "val_loss": "val loss"}.get(m, m) for m in metrics]
+    names = ["perplexity" if m == "val_ppl" else m.replace("val_", "val ") for m in metrics]  # as the other table
     head = ["router", *names]
     if base:
         head += [f"change to lime ({m})" for m in names]  # (with two lime rows: the one whose change is "-")

@@ -45,9 +45,9 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         assert "done:" in (run / "train.out").read_text()
     assert "grid: 2 runs, 0 finished before; 2 to go" in out and "[2/2]" in out
     assert "accuracy per tier (%), val split, one seed each:" in out  # (not "mean ± sd" over one seed)
-    assert tables["val"].splitlines()[0] == ("| router | val loss | val_acc_2 | val_acc_3 | "
-                                             "change to lime (val loss) | change to lime (val_acc_2) | "
-                                             "change to lime (val_acc_3) |")
+    assert tables["val"].splitlines()[0] == ("| router | val loss | val acc_2 | val acc_3 | "
+                                             "change to lime (val loss) | change to lime (val acc_2) | "
+                                             "change to lime (val acc_3) |")  # (headed as a table over seeds)
     assert [row.split(" | ")[0] for row in tables["test"].splitlines()[2:]] == ["| lime", "| none"]  # every run
     before = snapshot(regime)
     assert grid.main(args) == tables and snapshot(regime) == before  # finished runs are kept, not redone
