@@ -526,6 +526,9 @@ BAD_INPUTS = [
      "notes.md is a file, not a folder"),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
     ("train", train_args("--min-lr=5"), 2, "--min-lr=5 is above --lr=0.003, the schedule's peak"),  # (it trained)
+    ("train", train_args("--lr=1e300", "--min-lr=0"), 2,  # (a traceback from inside AdamW at the first step)
+     "--lr=1e+300 is too large: AdamW's first step, lr / (1 - beta1) = 1e+301, overflows float32"),
+    ("train", train_args("--router-lr=1e38"), 2, "--router-lr=1e+38 is too large: AdamW's first step"),
     ("train", lambda a, r, t: [f for f in tiny_args(a, t / "run", "--epochs=1e306") if "--max-steps" not in f], 2,
      "--epochs=1e+306 is over 2**53 steps of this data"),  # (an OverflowError's traceback)
     ("train", train_args("--beta2=1"), 2, "--beta2 must be in [0, 1), got 1.0"),
