@@ -124,6 +124,13 @@ def test_grid_refuses_files_of_anothers_where_its_data_goes(tmp_path, capsys, re
         f"grid.py: error: {regime} holds train.txt but no meta.json, and not as data this code was writing: move " \
         "them away, or give another --data-root"
     assert snapshot(tmp_path) == before
+    (regime / "train.txt").unlink()
+    (regime / "meta.json").symlink_to(tmp_path / "nowhere")  # a link to nowhere: not a file, and said so
+    assert error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
+                                "--test-size", "6", "--data-root", str(tmp_path / "data"), "--out-dir",
+                                str(tmp_path / "out")], capsys, code=1) == \
+        f"grid.py: error: {regime / 'meta.json'} is not a file but the data's files go by that name: move it away"
+    assert (regime / "meta.json").is_symlink() and not (tmp_path / "out").exists()
 
 
 def test_grid_refuses_a_data_folder_whose_lines_were_edited(tmp_path, capsys, refused):
