@@ -385,8 +385,9 @@ class GPT(nn.Module):
                     nn.init.normal_(module.weight, mean=0.0, std=std)
                 elif isinstance(module, Router) and isinstance(module.weights(), nn.Parameter):
                     w = module.weights()  # (n_kv, n_src, n_kv), or (n_kv, n_src) within each head
-                    bound = math.sqrt(3 / w[0].numel())  # fan_in: the (layer, head) sources one head reads
-                    w.uniform_(-bound, bound)
+                    # a=1 makes the gain 1: U(-b, b), b = sqrt(3 / fan_in), fan_in = w[0].numel(), the (layer, head)
+                    # sources one head reads
+                    nn.init.kaiming_uniform_(w, a=1)
                     # source_layers() lists the layer itself last, so its own heads are w[:, -1]
                     w[:, -1] = torch.eye(w.shape[0]) if w.dim() == 3 else 1.0
             for module in methods:  # last, so that nothing above overwrites what it sets
