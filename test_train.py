@@ -436,9 +436,10 @@ def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_di
                                    train.learning_rate(0, cfg) * cfg.router_lr / cfg.lr})
 
 
-def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("router", ["lime", "hc"])  # (a router's weights are in the blocks; hc's outside them)
+def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypatch, router):
     """At every step AdamW sees gradients of global norm exactly --grad-clip where they are larger (so not
-    twice it, nor unclipped), and as they are with --grad-clip=0."""
+    twice it, nor unclipped), and as they are with --grad-clip=0: the norm of every parameter's gradient."""
     norms = []
     step = torch.optim.AdamW.step
 
@@ -451,7 +452,8 @@ def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypat
     seen = {}
     for clip in ("0.01", "0"):
         norms.clear()
-        train.main(tiny_args(answer_dir, tmp_path / clip, "--max-steps=2", "--eval-interval=2", f"--grad-clip={clip}"))
+        train.main(tiny_args(answer_dir, tmp_path / clip, "--max-steps=2", "--eval-interval=2", f"--grad-clip={clip}",
+                             f"--router={router}"))
         seen[clip] = list(norms)
     # clipped at both steps; unclipped, above even the default --grad-clip=1 (0 is off, not the default)
     assert len(seen["0.01"]) == 2 and min(seen["0"]) > 2 * train.TrainConfig.grad_clip, seen
