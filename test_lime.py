@@ -1257,6 +1257,46 @@ def test_only_relative_positions_matter(mode):
     assert not torch.allclose(model(idx)[0], want, rtol=1e-4, atol=1e-5)
 
 
+def as_written(model, idx):
+    """The logits of a `none` or `lime` model by the formulas themselves, head by head in float64: RMSNorm, each
+    kv-head's [keys | values] in c_kv, routed before RoPE (kv~[l, h] = sum_{l' <= l, h'} R^(l)[h, l', h'] kv[l', h']),
+    query head i reading kv-head i // (n_head / n_kv_head) as LLaMA's repeat_kv does, softmax(q k^T / sqrt(head_dim))
+    under the causal mask, SwiGLU with the gate first in c_fc, the head tied to the embedding."""
+    c, (B, T) = model.config, idx.shape
+    hd, group = c.n_embd // c.n_head, c.n_head // c.n_kv_head
+    rms = lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * g
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * c.rope_theta ** (
+        -torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    turn = torch.polar(torch.ones_like(angles), angles)[:, None]  # (T, 1, hd/2)
+    rope = lambda x: (lambda z: torch.cat([z.real, z.imag], -1))(torch.complex(x[..., :hd // 2], x[..., hd // 2:]) * turn)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h, kvs = model.transformer.wte.weight[idx], []
+    for layer, (block, R) in enumerate(zip(model.transformer.h, model.routing_weights())):
+        attn, x = block.attn, rms(h, block.ln_1.weight)
+        q = rope((x @ attn.c_q.weight.T).view(B, T, c.n_head, hd))
+        kvs.append((x @ attn.c_kv.weight.T).view(B, T, c.n_kv_head, 2 * hd))
+        kv = sum(R[:, j, k, None] * kvs[j][:, :, k, None] for j in range(layer + 1) for k in range(c.n_kv_head))
+        k, v = rope(kv[..., :hd]), kv[..., hd:]
+        heads = []
+        for i in range(c.n_head):
+            scores = torch.einsum("btd,bsd->bts", q[:, :, i], k[:, :, i // group]) / math.sqrt(hd)
+            heads.append(scores.masked_fill(~causal, -math.inf).softmax(-1) @ v[:, :, i // group])
+        h = h + torch.cat(heads, -1) @ attn.c_proj.weight.T
+        gate, up = (rms(h, block.ln_2.weight) @ block.mlp.c_fc.weight.T).split(c.mlp_hidden, dim=-1)
+        h = h + (torch.nn.functional.silu(gate) * up) @ block.mlp.c_proj.weight.T
+    return rms(h, model.transformer.ln_f.weight) @ model.transformer.wte.weight.T
+
+
+@pytest.mark.parametrize("mode", ["none", "lime"])
+def test_the_model_is_the_formulas_as_written(mode):
+    """The whole forward against as_written: what the tests that compare the model with itself (fast against
+    reference routing, cache against recomputation, a fresh method against `none`) cannot see, a convention of the
+    weights' layout (gate and up, keys and values, which kv-head a query head reads) or attention's scale."""
+    model, idx = perturbed(small_model(mode).double(), 0.1), tokens()  # 4 query heads on 2 kv-heads; every gain moved
+    with torch.no_grad():  # (the model's RoPE tables are float32 numbers, also in a .double() model: 3e-8 apart here)
+        torch.testing.assert_close(model(idx)[0], as_written(model, idx), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", EVERY)
 def test_gradients_are_the_derivative(mode):
     """Autograd's gradient against a central difference of the output, along a random direction in every parameter

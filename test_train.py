@@ -123,6 +123,33 @@ def test_the_batch_is_split_over_every_process(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_micro_batches_of_every_process_are_those_of_one_process(answer_dir, tmp_path, monkeypatch):
+    """A step's micro-batches are numbered over every process (rank * micro-steps + its own): 2 processes of 2
+    micro-steps each draw, between them, the micro-batches of one process with 4, each once. (Which process draws
+    which leaves the step as it is. test_two_process_ddp_on_cpu runs one micro-step a process, where rank + micro
+    is the same number.)"""
+    class Drawn(Exception):
+        pass
+
+    def draws(rank, world, micro_steps):
+        """The micro-batch numbers of step 0 that train.py draws as `rank` of `world`: the run ends at its last."""
+        seen = []
+
+        def batch_rng(seed, step, micro):
+            seen.append(micro)
+            if len(seen) == micro_steps:
+                raise Drawn
+            return real(seed, step, micro)
+        monkeypatch.setattr(runs, "processes", lambda: (rank, world))  # (no RANK: no process group, no DDP)
+        monkeypatch.setattr(train, "batch_rng", batch_rng)
+        with pytest.raises(Drawn):
+            train.main(tiny_args(answer_dir, tmp_path / f"{rank}-of-{world}", "--batch-size=16"))
+        return seen
+
+    real = train.batch_rng
+    assert sorted(draws(0, 2, 2) + draws(1, 2, 2)) == draws(0, 1, 4) == [0, 1, 2, 3]
+
+
 def test_under_torchrun_a_line_every_process_would_say_is_said_once_a_machine(tmp_path, capsys, monkeypatch):
     """Until the run begins, every process checks the same flags and files: the first of each machine (LOCAL_RANK 0)
     says what is wrong, the others exit with its code in silence (a line from each, crossed on one stderr). From then
@@ -409,9 +436,10 @@ def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_di
                                    train.learning_rate(0, cfg) * cfg.router_lr / cfg.lr})
 
 
-def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("router", ["lime", "hc"])  # (a router's weights are in the blocks; hc's outside them)
+def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypatch, router):
     """At every step AdamW sees gradients of global norm exactly --grad-clip where they are larger (so not
-    twice it, nor unclipped), and as they are with --grad-clip=0."""
+    twice it, nor unclipped), and as they are with --grad-clip=0: the norm of every parameter's gradient."""
     norms = []
     step = torch.optim.AdamW.step
 
@@ -424,7 +452,8 @@ def test_clipping_bounds_what_the_optimiser_sees(answer_dir, tmp_path, monkeypat
     seen = {}
     for clip in ("0.01", "0"):
         norms.clear()
-        train.main(tiny_args(answer_dir, tmp_path / clip, "--max-steps=2", "--eval-interval=2", f"--grad-clip={clip}"))
+        train.main(tiny_args(answer_dir, tmp_path / clip, "--max-steps=2", "--eval-interval=2", f"--grad-clip={clip}",
+                             f"--router={router}"))
         seen[clip] = list(norms)
     # clipped at both steps; unclipped, above even the default --grad-clip=1 (0 is off, not the default)
     assert len(seen["0.01"]) == 2 and min(seen["0"]) > 2 * train.TrainConfig.grad_clip, seen
