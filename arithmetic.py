@@ -416,7 +416,8 @@ def not_ours(data_dir):
     """'<data_dir> holds train.txt, ... but no meta.json ...' where data_dir holds files by the data's names that no
     preparation cut short left (no marker): a user's, never ours to replace unasked; else None."""
     data_dir = Path(data_dir)
-    meta = data_dir / "meta.json"  # (a link to nowhere too: not "holds meta.json ... but no meta.json"; prepare refuses it)
+    meta = data_dir / "meta.json"  # (a link to nowhere too: not "holds meta.json ... but no meta.json"; prepare
+    # refuses it as not a file)
     if meta.exists() or meta.is_symlink() or (data_dir / UNFINISHED).exists() or not data_dir.is_dir():
         return None
     there = sorted(p.name for p in data_dir.iterdir() if FILES.fullmatch(p.name))

@@ -1268,7 +1268,11 @@ def as_written(model, idx):
     angles = torch.arange(T, dtype=torch.float64)[:, None] * c.rope_theta ** (
         -torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     turn = torch.polar(torch.ones_like(angles), angles)[:, None]  # (T, 1, hd/2)
-    rope = lambda x: (lambda z: torch.cat([z.real, z.imag], -1))(torch.complex(x[..., :hd // 2], x[..., hd // 2:]) * turn)
+
+    def rope(x):  # each pair (x[i], x[i + hd/2]) as a complex number, turned by its position's angle
+        z = torch.complex(x[..., :hd // 2], x[..., hd // 2:]) * turn
+        return torch.cat([z.real, z.imag], -1)
+
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     h, kvs = model.transformer.wte.weight[idx], []
     for layer, (block, R) in enumerate(zip(model.transformer.h, model.routing_weights())):
