@@ -20,7 +20,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import DataError, UsageError, atomic_write, file_state, folder_problem, held_there, hold_folder, read_json
+from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, held_there, hold_folder,
+                 read_json)
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
 
@@ -326,6 +327,7 @@ def generate(task, seed, train_size, test_size):
 
 
 SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
+NOT_DATA = " but the data's files go by that name: move it away"  # (check_a_file's end)
 FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data folder of the task holds
 UNFINISHED = "unfinished"  # there while prepare() writes a folder: one without meta.json is then its own, cut short
 
@@ -475,9 +477,10 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
             raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
                              "--data-dir, or --overwrite to replace it")
     there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)]
-    odd = next((p for p in there if not p.is_file()), None)  # (a folder: it could not be replaced, nor deleted)
+    # (a folder: it could not be replaced, nor deleted; also a link to nowhere, which check_a_file's exists() passes)
+    odd = next((p for p in there if not p.is_file()), None)
     if odd:
-        raise DataError(f"{odd} is not a file but the data's files go by that name: move it away")
+        raise DataError(f"{odd} is not a file{NOT_DATA}")
     theirs = not overwrite and not_ours(data_dir)
     if theirs:  # (the command, not "--overwrite": train.py's presets call this too, and their --overwrite is the run's)
         raise UsageError(f"{theirs}: move them away, or replace them with `{command(want, data_dir)} --overwrite`")
@@ -566,8 +569,7 @@ def load(data_dir, trained_on=None):
     splits = {}
     for name in names:
         path = data_dir / f"{name}.txt"
-        if path.exists() and not path.is_file():  # (a FIFO's size is 0, and its read would wait for a writer forever)
-            raise DataError(f"{path} is not a file but the data's files go by that name: move it away")
+        check_a_file(path, NOT_DATA)  # (a FIFO's size is 0: not "empty")
         if not path.exists() or not path.stat().st_size:
             raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
         try:

@@ -322,12 +322,18 @@ def folder_problem(path):
     return None
 
 
+def check_a_file(path, then=""):
+    """A DataError where `path` exists but is no regular file: a FIFO, whose read would wait for a writer forever, or
+    a folder, which nothing could replace. `then` ends the message: what to do."""
+    if Path(path).exists() and not Path(path).is_file():
+        raise DataError(f"{path} is not a file{then}")
+
+
 def read_json(path, keys=()):
     """The JSON object in `path`, with `keys` among its keys; a DataError naming the file otherwise
     (missing, empty, cut short, not JSON, or not what this repo writes)."""
     path = Path(path)
-    if path.exists() and not path.is_file():  # a FIFO, whose read would wait for a writer forever; a folder
-        raise DataError(f"{path} is not a file")
+    check_a_file(path)
     try:
         value = json.loads(path.read_bytes())
     except FileNotFoundError:

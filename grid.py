@@ -20,7 +20,8 @@ already (each unfinished run by train.py --resume --dry-run).
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, a_path, folder_problem, holding, one_line_errors, read_json
+from cli import (DataError, Parser, UsageError, a_path, check_a_file, folder_problem, holding, one_line_errors,
+                 read_json)
 
 import ctypes
 import json
@@ -157,8 +158,7 @@ def main(argv=None):
             log = Path(args.out_dir) / name / f"{router}-seed{seed}" / "train.out"
             if folder_problem(log.parent):  # (a file where the run's folder goes, say)
                 raise DataError(f"{folder_problem(log.parent)}, where a run of the grid goes: move it away")
-            if log.exists() and not log.is_file():
-                raise DataError(f"{log} is not a file but a run's output goes by that name: move it away")
+            check_a_file(log, " but a run's output goes by that name: move it away")
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
         configs = {}
         for router in routers:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import DataError
+from cli import DataError, check_a_file
 from data import TaskRows, decode_tokens, gpt2_encoding, greedy_accuracy
 
 URL = "https://raw.githubusercontent.com/facebookresearch/coconut/main/data"
@@ -91,8 +91,7 @@ def load(data_dir, split):
     if not path.exists():
         raise DataError(f"no ProsQA data in {data_dir}: run `{command(data_dir)}`")
     again = f"; remove it and run `{command(data_dir)}`"  # (which keeps an .npz that is there)
-    if not path.is_file():  # a FIFO, which np.load would wait on forever; a folder
-        raise DataError(f"{path} is not a file{again}")
+    check_a_file(path, again)  # (np.load would wait on a FIFO forever)
     try:
         with open(path, "rb") as f:  # np.load takes what is not a zip file for a pickle, and refuses it with advice
             head = f.read(4)  # to load it unsafely: not what a damaged file needs

@@ -29,9 +29,9 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, default_shown,
-                 file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option, pick_device,
-                 read_json, same_folder)
+from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
+                 default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
+                 pick_device, read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -387,8 +387,7 @@ class Signals:
 def read_log(path, advice=""):
     """The rows of a log.jsonl, and a notice if its last line was cut short (what a power cut leaves),
     which is dropped; a line in the middle that is not a row is a DataError, ending with `advice`."""
-    if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose read would wait for a writer forever
-        raise DataError(f"{path} is not a file{advice}")
+    check_a_file(path, advice)
     try:
         lines, rows, notice = Path(path).read_text().splitlines(), [], None
     except (OSError, UnicodeDecodeError) as e:
@@ -615,8 +614,7 @@ def run_files(out_dir):
     folder) is a DataError: --overwrite could not delete it, and would stop halfway through the others."""
     found = [Path(out_dir) / name for name in RUN_FILES if (Path(out_dir) / name).exists()]
     for path in found:
-        if not path.is_file():
-            raise DataError(f"{path} is not a file but a run's files go by that name: move it away")
+        check_a_file(path, " but a run's files go by that name: move it away")
     return [path.name for path in found]
 
 
@@ -646,8 +644,7 @@ def read_checkpoint(out_dir):
     path = Path(out_dir) / "ckpt.pt"
     if not path.exists():
         raise DataError(f"no checkpoint at {path}")
-    if not path.is_file():  # a FIFO, which torch.load would wait on forever; a folder
-        raise DataError(f"{path} is not a file")
+    check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.stat().st_size:
         raise DataError(f"{path} is empty (cut short while it was written?)")
     try:

@@ -91,9 +91,10 @@ class TrainConfig(runs.EvalConfig):
         for name, lr in [("lr", self.lr), ("router_lr", self.router_lr)]:
             # AdamW's first update moves a weight by up to lr / (1 - beta1), a number it applies in float32: past
             # float32's largest, torch's traceback ("cannot be converted to type float without overflow")
-            if lr / (1 - self.beta1) > torch.finfo(torch.float32).max:
+            first = lr / (1 - self.beta1)
+            if first > torch.finfo(torch.float32).max:
                 raise ValueError(f"{runs.flag(name)}={lr:g} is too large: AdamW's first step, lr / (1 - beta1) = "
-                                 f"{lr / (1 - self.beta1):g}, overflows float32")
+                                 f"{first:g}, overflows float32")
         if not issubclass(runs.DATASETS[self.data], TaskRows) and self.eval_tokens < self.block_size:
             raise ValueError(f"--eval-tokens={self.eval_tokens} is less than one window of --block-size="
                              f"{self.block_size}: nothing to evaluate on")
