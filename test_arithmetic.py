@@ -103,18 +103,22 @@ def test_arithmetic_samples_are_correct_step_by_step():
 
 
 def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
-    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20", "--show", "3"])
+    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "a"), "--train-size", "200", "--test-size", "20"])
     prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "b"), "--train-size", "200", "--test-size", "20"])
     tiers = arithmetic.DEFAULTS["tiers"]
     names = ["meta.json", "train.txt", *(f"{split}_{n}.txt" for split in ("test", "val") for n in tiers)]
     assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)[0] == names
-    shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
+    task = arithmetic.Task(**arithmetic.DEFAULTS)  # one seed, one data set; another seed, another
+    seeded = [arithmetic.generate(task, seed, 20, 2) for seed in (1, 1, 0)]
+    assert seeded[0] == seeded[1] != seeded[2]
     vocab, splits, task, _ = arithmetic.load(tmp_path / "a")
     assert task == arithmetic.Task(**arithmetic.DEFAULTS)
-    modulus = task.modulus if task.field == "mod" else None
-    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0], modulus) == int(l.split()[-1]) for l in shown)
-    operands = [len(re.findall(r"\d+", l.split(" = ")[0])) for l in shown]  # spread over the file: every tier shows
-    assert {n - (task.count == "operators") for n in operands} == set(task.tiers)
+    capsys.readouterr()  # --show K: K training samples, spread over the file, so that every tier shows
+    prepare_data.main(["arithmetic", "--data-dir", str(tmp_path / "c"), "--tiers", "4,5,6", "--train-size", "30",
+                       "--test-size", "2", "--show", "3"])
+    shown = [l for l in capsys.readouterr().out.splitlines() if " = " in l]
+    assert len(shown) == 3 and all(evaluate_text(l.split(" = ")[0]) == int(l.split()[-1]) for l in shown)
+    assert [len(re.findall(r"\d+", l.split(" = ")[0])) - 1 for l in shown] == [4, 5, 6]  # (operators: numbers - 1)
     line = splits[f"test_{tiers[-1]}"][0]
     assert vocab.decode(vocab.encode(line)) == line and len(splits["train"]) == 200 * len(tiers)
     with pytest.raises(DataError, match="'1000' is not in the task vocabulary"):
@@ -178,9 +182,12 @@ def test_answer_target_loss_covers_only_the_answer(tmp_path):
         pytest.approx(want.item(), rel=1e-5)
 
 
-def test_a_batch_is_its_rows_collated_one_by_one(arith_dir):
+@pytest.mark.parametrize("folder", ["arith_dir", "answer_dir"])
+def test_a_batch_is_its_rows_collated_one_by_one(folder, request):
     """batch() cuts its rows from one table of every training row: the tensors collate() makes of the same rows
-    (the same draws of the generator), with the longest sample filling the block to its last token, or not."""
+    (the same draws of the generator), with the longest sample filling the block to its last token, or not; for
+    solutions, which end with the end token, and for answers, which end with the number, not the padding."""
+    arith_dir = request.getfixturevalue(folder)
     longest = arithmetic.Data(SimpleNamespace(data_dir=str(arith_dir), block_size=128, eval_samples=1, task=None,
                                               preset="arith")).longest
     for block in (longest - 1, longest + 5):
@@ -253,6 +260,7 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     prepare_data.main(args)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     capsys.readouterr()
+    (folder / arithmetic.UNFINISHED).write_text("")  # (cut short after meta.json was written, before the marker went)
     prepare_data.main(args)
     assert "holds this data already: int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier)" in \
         capsys.readouterr().out
@@ -275,6 +283,27 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     assert arithmetic.holds(folder) == dict(**dataclasses.asdict(arithmetic.Task(**{**arithmetic.DEFAULTS,
                                                                                     "tiers": (2, 3)})),
                                             seed=0, train_size=30, test_size=4)
+
+
+def test_a_preparation_interrupted_as_it_writes_meta_json_is_finished_by_the_same_command(tmp_path, monkeypatch):
+    """meta.json, written last, takes its name whole or not at all: a Ctrl-C as it is written leaves the folder
+    unfinished (the marker, no meta.json), which a reader refuses and the same preparation finishes; not a meta.json
+    cut short, which is data that cannot be read, replaced only with --overwrite."""
+    task, whole, folder = arithmetic.Task(tiers=(2, 3)), tmp_path / "whole", tmp_path / "cut"
+    arithmetic.prepare(whole, task, 0, 20, 4)
+
+    def interrupted(meta):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(arithmetic, "json", SimpleNamespace(dumps=interrupted))  # (called as meta.json is written)
+        with pytest.raises(KeyboardInterrupt):
+            arithmetic.prepare(folder, task, 0, 20, 4)
+    assert not (folder / "meta.json").exists() and (folder / arithmetic.UNFINISHED).exists()
+    with pytest.raises(DataError, match="^no arithmetic data in "):
+        arithmetic.load(folder)
+    arithmetic.prepare(folder, task, 0, 20, 4)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
 
 
 def test_two_preparations_of_one_folder_at_once_take_turns(tmp_path, capsys):
@@ -368,6 +397,7 @@ def test_numbers_past_a_million_are_refused_before_anything_is_written(tmp_path,
 
 @pytest.mark.parametrize("flags, most", [
     (["--tiers", "4,3000"], "31 operators with --target steps, got 3000"),
+    (["--tiers", "32,4", "--field", "mod"], "31 operators with --target steps, got 32"),  # (the largest, not the last)
     (["--tiers", "32", "--field", "mod"], "31 operators with --target steps, got 32"),
     (["--tiers", "33", "--count", "operands"], "32 operands with --target steps, got 33"),
     (["--tiers", "512", "--target", "answer"], "511 operators with --target answer, got 512")])
@@ -415,8 +445,9 @@ def test_an_expression_too_deep_for_the_parser_is_one_error(text):
     assert str(e.value) == "an expression nested too deeply to read"
 
 
-def test_data_of_another_range_of_numbers_says_so(tmp_path):
-    """The regimes differ only in max_operand: the data's description names it, not two identical ones."""
+def test_data_of_another_range_of_numbers_or_seed_says_so(tmp_path):
+    """The regimes differ only in max_operand: the data's description names it, not two identical ones. Data of
+    the run's regime but another seed is other samples: refused too, not scored as the run's."""
     arithmetic.prepare(tmp_path, arithmetic.Task(max_operand=10), seed=0, train_size=5, test_size=2)
     run = dict(**dataclasses.asdict(arithmetic.Task()), seed=0, train_size=5, test_size=2)
     with pytest.raises(DataError) as e:
@@ -434,6 +465,11 @@ def test_data_of_another_range_of_numbers_says_so(tmp_path):
     assert str(e.value).endswith(f"make it in a folder of its own with `python prepare_data.py arithmetic --data-dir "
                                  f"{named}-max_operand-20 --field int --count operands --tiers 4,5,6 --target steps "
                                  "--train-size 5 --test-size 2`")
+    arithmetic.prepare(tmp_path / "seed-1", arithmetic.Task(), seed=1, train_size=5, test_size=2)
+    with pytest.raises(DataError, match=re.escape(
+            f"{tmp_path / 'seed-1'} holds int-steps, tiers 4,5,6 operands (seed 1; 5 train, 2 test, 2 val a tier), but "
+            "the run was trained on int-steps, tiers 4,5,6 operands (seed 0; 5 train, 2 test, 2 val a tier)")):
+        arithmetic.load(tmp_path / "seed-1", trained_on=run)
 
 
 @pytest.mark.parametrize("task, edit, message", [
@@ -465,6 +501,18 @@ def test_a_meta_json_of_another_regime_than_its_lines_is_one_error(tmp_path, tas
         assert str(e.value).startswith(f"{tmp_path}/{message}") and str(e.value).endswith(" --overwrite`"), e.value
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     assert arithmetic.load(tmp_path)[2] == task  # the lines as they were made: read
+
+
+@pytest.mark.parametrize("edit", [dict(seed=-1), dict(train_size=True), dict(test_size=2.0)])
+def test_a_meta_json_whose_seed_or_sizes_are_not_whole_numbers_is_damaged(tmp_path, edit):
+    """Not data of seed -1 (which no command makes) read as it is, nor a size of True read as 1."""
+    arithmetic.prepare(tmp_path, arithmetic.Task(tiers=(2,)), seed=0, train_size=5, test_size=2)
+    (tmp_path / "meta.json").write_text(json.dumps({**json.loads((tmp_path / "meta.json").read_text()), **edit}))
+    (key, value), = edit.items()
+    with pytest.raises(DataError) as e:
+        arithmetic.load(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'meta.json'} is damaged (its {key!r} is {value!r}, not a whole "
+                                   "number): rebuild it with `python prepare_data.py arithmetic --data-dir ")
 
 
 def answer_changed(line):
@@ -506,25 +554,41 @@ def test_no_expression_is_scored_twice_even_where_there_are_few():
         arithmetic.generate(task, seed=0, train_size=5, test_size=30)
 
 
-def test_tiers_are_distinct():
-    for tiers in ((4, 4), [5, 4, 5]):
-        with pytest.raises(DataError, match=re.escape(f"--tiers must be distinct numbers of at least 1 operator (2 "
-                                                      f"operands), got {list(tiers)}")):
-            arithmetic.Task(tiers=tiers)
+@pytest.mark.parametrize("fields, message", [
+    (dict(tiers=(4, 4)), "--tiers must be distinct numbers of at least 1 operator (2 operands), got [4, 4]"),
+    (dict(tiers=[5, 4, 5]), "--tiers must be distinct numbers of at least 1 operator (2 operands), got [5, 4, 5]"),
+    (dict(tiers=(4, 1)), "--tiers must be distinct numbers of at least 1 operator (2 operands), got [4, 1]"),
+    (dict(tiers=(3, 0), count="operators"),
+     "--tiers must be distinct numbers of at least 1 operator (2 operands), got [3, 0]"),
+    (dict(max_operand=1000), "--max-operand must be in 1..--max-value (999), got 1000"),
+    (dict(max_operand=10, max_value=9), "--max-operand must be in 1..--max-value (9), got 10"),
+    (dict(max_operand=0), "--max-operand must be in 1..--max-value (999), got 0")])
+def test_tiers_are_distinct_and_operands_within_the_values(fields, message):
+    """Every tier, not the first alone, has an operator (a tier of 1 operand would be a number, no expression); an
+    operand past --max-value is no number of the task (nor of its vocabulary)."""
+    with pytest.raises(DataError) as e:
+        arithmetic.Task(**fields)
+    assert str(e.value) == message
+    assert arithmetic.Task(count="operators", tiers=(1,)).tiers == (1,)  # the bounds themselves are allowed
+    assert arithmetic.Task(max_operand=999).max_operand == 999
 
 
-def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys):
+@pytest.mark.parametrize("task, flags", [
+    (arithmetic.Task(field="mod", target="answer", tiers=(2,)),
+     "--field mod --count operands --tiers 2 --target answer"),
+    (arithmetic.Task(max_operand=10, tiers=(2,)),
+     "--field int --count operands --tiers 2 --target steps --max-operand 10 --max-value 999")])
+def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys, task, flags):
     """A split lost: the command in the message is the one that makes the folder's own regime again (from its
     meta.json, not the default regime with "and its flags"), and it runs as pasted, a space in the path too."""
     folder = tmp_path / "my data"
-    arithmetic.prepare(folder, arithmetic.Task(field="mod", target="answer", tiers=(2,)), seed=3, train_size=20,
-                       test_size=4)
+    arithmetic.prepare(folder, task, seed=3, train_size=20, test_size=4)
     before = snapshot(folder)
     (folder / "val_2.txt").unlink()
     with pytest.raises(DataError) as e:
         arithmetic.load(folder)
-    rebuild = f"python prepare_data.py arithmetic --data-dir '{folder}' --field mod --count operands --tiers 2 " \
-              "--target answer --seed 3 --train-size 20 --test-size 4 --overwrite"
+    rebuild = f"python prepare_data.py arithmetic --data-dir '{folder}' {flags} --seed 3 --train-size 20 " \
+              "--test-size 4 --overwrite"
     assert str(e.value) == f"{folder / 'val_2.txt'} is missing: rebuild it with `{rebuild}`"
     prepare_data.main(shlex.split(rebuild)[2:])
     assert snapshot(folder) == before

@@ -571,6 +571,8 @@ BAD_INPUTS = [
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--show", "-1"], 2,
      "--show must be >= 0, got -1"),
+    ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--train-size=0"], 2,
+     "--train-size must be >= 1, got 0"),  # (not a train.txt of one empty line, which every reader refuses)
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--seed=-1"], 2,
      "--seed must be >= 0, got -1"),  # (not data that every reader then refuses: "its 'seed' is -1")
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--field=mod", "--modulus=12"], 2,
@@ -585,6 +587,8 @@ BAD_INPUTS = [
      "--shards is for fineweb-edu data, not arithmetic"),  # ... at its default value too
     ("prepare_data", lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--shards=0",
                                       "--base-url=http://127.0.0.1:9/"], 2, "--shards must be 1..99, got 0"),
+    ("prepare_data", lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--shards=100",
+                                      "--base-url=http://127.0.0.1:9/"], 2, "--shards must be 1..99, got 100"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "new"), "--modulus=7"], 2,
      "--modulus is for --field=mod, not --field=int"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--modulus=7"], 2,

@@ -18,7 +18,8 @@ from urllib3.exceptions import ProtocolError
 import prepare_data
 from cli import DataError
 from conftest import error_of, small_encoding, small_model
-from data import MAGIC, TaskRows, TokenData, evaluate, evaluate_loss, greedy_accuracy, load_tokens, write_shard
+from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, greedy_accuracy, load_tokens,
+                  write_shard)
 from generation import generate
 
 
@@ -102,6 +103,34 @@ def test_missing_file_is_one_line(serve, tmp_path, capsys):
     assert not folder.exists()  # nothing fetched, no folder made
 
 
+def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch):
+    """An HTTP library that ends a body cut short without an error (urllib3 before 2.0): the download asks for the
+    rest, as for a cut it is told of, and the file takes its name whole."""
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    data, asked = bytes(range(200)), []
+
+    class Response:  # the first answer announces every byte and ends halfway; the next sends the rest
+        def __init__(self, url, headers, **kwargs):
+            asked.append(headers.get("Range"))
+            start = int(headers["Range"][6:-1]) if headers else 0
+            self.status_code, self.body = (206 if start else 200), data[start:] if start else data[:100]
+            self.headers = {"Content-Length": str(len(data) - start)}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield self.body
+
+    monkeypatch.setattr(prepare_data.requests, "get", Response)
+    assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True
+    assert (tmp_path / "x.bin").read_bytes() == data and asked == [None, "bytes=100-"]
+    assert not (tmp_path / "x.bin.part").exists()
+
+
 def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkeypatch):
     """A server that cannot be reached (a port nothing listens on; offline, a host that does not resolve): a line per
     retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made."""
@@ -166,6 +195,15 @@ def test_a_diverged_model_has_a_perplexity_of_e_to_the_50_at_most(tmp_path):
                      with_train=False)
     out = evaluate(Sure(), None, data, 2, "cpu", contextlib.nullcontext())
     assert out == dict(val_loss=pytest.approx(1000.0), val_ppl=math.exp(50))
+
+
+def test_a_micro_batch_is_drawn_by_its_seed_step_and_number():
+    """The same (seed, step, micro-batch) draws the same rows, so that a resumed run sees the batches of one never
+    stopped; another seed, step or micro-batch, other rows."""
+    keys = [(seed, step, micro) for seed in (0, 1) for step in (0, 1, 7) for micro in (0, 1)]
+    drawn = {key: tuple(batch_rng(*key).integers(0, 2**62, 4).tolist()) for key in keys}
+    assert all(tuple(batch_rng(*key).integers(0, 2**62, 4).tolist()) == drawn[key] for key in keys)
+    assert len(set(drawn.values())) == len(keys)
 
 
 def test_task_rows_for_evaluation_and_analysis():
