@@ -929,6 +929,12 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 2, "val_loss": "abc"}\n'),
                      lambda d, r, t: ["curves", str(r)]), 1,
      "log.jsonl, step 2: val_loss is not a number from 0 up ('abc')"),
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 2, "val_loss": NaN}\n{"step": 4, "val_loss": 1}'),
+                     lambda d, r, t: ["curves", str(r)]), 1,
+     "log.jsonl, step 2: val_loss is not a number from 0 up (nan)"),  # (NaN: a diverged run's last evaluation only)
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", '{"step": 2, "val_loss": 1, "val_bleu": "abc"}\n'),
+                     lambda d, r, t: ["curves", str(r)]), 1,
+     "log.jsonl, step 2: val_bleu is not a number ('abc')"),  # a fork's metric
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "li'), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not valid JSON"),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": ["lime"]}'),

@@ -277,6 +277,36 @@ def test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_runs_with_it(g
     assert got.read_text() == "term"
 
 
+def test_a_grid_runs_jobs_at_a_time_and_says_which_failed(tmp_path, capsys, monkeypatch):
+    """--jobs 2 over three runs: never more than two at once, and all three run; a run that exits
+    non-zero is named in a line, and the grid exits 1."""
+    running, most = [], []
+
+    class Training:  # stands in for subprocess.Popen: a run that ends, with exit 1, at its second poll
+        def __init__(self, cmd, stdout, stderr, env, preexec_fn):
+            self.returncode, self.polls = None, 0
+            running.append(self)
+            most.append(len(running))
+
+        def poll(self):
+            self.polls += 1
+            if self.polls == 2:
+                self.returncode = 1
+                running.remove(self)
+            return self.returncode
+
+    monkeypatch.setattr(grid.subprocess, "Popen", Training)
+    monkeypatch.setattr(grid.time, "sleep", lambda s: None)
+    args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
+    grid_runs = [("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in (1, 2, 3)]
+    with pytest.raises(SystemExit) as ended:
+        grid.run_grid(grid_runs, args, [])
+    assert ended.value.code == 1 and len(most) == 3 and max(most) == 2  # the third waited for one of the two
+    out = capsys.readouterr()
+    assert "2 at a time" in out.out and out.out.count(": FAILED, exit 1: (no output)") == 3
+    assert out.err.startswith("grid.py: error: 3 run(s) failed: regime lime seed 1; regime lime seed 2; ")
+
+
 @pytest.mark.parametrize("stop", ["signal", "closed output"])
 def test_a_signal_to_the_grid_reaches_its_runs_and_waits_for_them(tmp_path, capsys, stop):
     """SIGTERM (a scheduler, `kill`) or Ctrl-C: grid.py passes it on to every run (train.py saves a checkpoint) and
