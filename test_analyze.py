@@ -161,6 +161,10 @@ def test_ablation_table(tmp_path, capsys):
     with pytest.raises(cli.DataError, match=re.escape("these runs' summaries have no metric in common (accuracy per "
                                                       "tier, acc or val_ppl)")):
         tables.results_table([dict(router="none", val_ppl=16.4), dict(router="lime", acc=0.5)])
+    # an acc in some summaries alone: the perplexity every run has, not a refusal
+    assert tables.results_table([dict(router="none", val_ppl=16.4, acc=0.5), dict(router="lime", val_ppl=16.0)]) == \
+        "| router | perplexity | change to lime (perplexity) |\n|---|---|---|\n| none | 16.4000 | +2.50% |\n" \
+        "| lime | 16.0000 | - |"
     # runs whose summaries name no seed (older ones) are not taken for one seed twice: their mean and spread
     assert tables.results_table([dict(router="lime", val_ppl=2.0), dict(router="lime", val_ppl=4.0)]).endswith(
         "| lime | 2 | 3.000 ± 1.414 |")
@@ -411,6 +415,24 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert out.count("val_loss, one seed each:") == 1 and " ± " not in out  # the metric asked for; no sd of one
 
 
+def test_curves_pair_the_seeds_by_step_not_by_row(tmp_path, capsys, monkeypatch):
+    """Seeds evaluated at other steps (eval_interval may differ between them): each seed's value at a step, at the steps
+    they all have; and a mean over two seeds beside one seed is headed as a mean over seeds."""
+    monkeypatch.setattr(analyze, "pyplot", lambda: None)
+    dirs = []
+    for router, seed, steps in (("lime", 0, (100, 200, 300)), ("lime", 1, (150, 300)), ("none", 0, (100, 200, 300))):
+        d = tmp_path / f"{router}-{seed}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(router=router, seed=seed, max_steps=300)))
+        (d / "log.jsonl").write_text("".join(json.dumps(dict(step=s, val_loss=s / 1000 + seed)) + "\n" for s in steps))
+        dirs.append(str(d))
+    curves = analyze.main(["curves", *dirs])
+    assert curves["lime, 300 steps"]["val_loss"] == [(300, pytest.approx(0.8), pytest.approx(math.sqrt(0.5)), 2)]
+    assert [s for s, *_ in curves["none, 300 steps"]["val_loss"]] == [100, 200, 300]
+    out = capsys.readouterr().out
+    assert "val_loss, mean ± sd over the seeds:" in out and "     300   0.8000 ± 0.7071            0.3000" in out
+
+
 def test_a_folder_of_runs_is_not_taken_for_a_run(tmp_path, capsys):
     """`table out/grid/*` gives the regimes' folders, one level above the runs: said so, with the glob that gives
     the runs, not "no .../summary.json (is the run finished?)"."""
@@ -564,5 +586,7 @@ def test_what_the_seeds_of_one_setting_may_differ_in():
     for field in may:
         pair = [{**first, field: "a's"}, {**first, field: "b's", "seed": 1, "out_dir": "b"}]
         assert list(tables.by_setting(pair).values()) == [pair], field  # one setting, two seeds
-    with pytest.raises(cli.UsageError, match="differ in lr, not only in their seed"):
-        tables.by_setting([first, {**first, "lr": 1e-4, "seed": 1, "out_dir": "b"}])
+    for field, value in (("lr", 1e-4), ("batch_size", 64)):  # (the whole batch is the setting; its micro-batches not)
+        with pytest.raises(cli.UsageError, match=f"differ in {field}, not only in their seed"):
+            tables.by_setting([{**first, "batch_size": 32}, {**first, "batch_size": 32, field: value, "seed": 1,
+                                                              "out_dir": "b"}])

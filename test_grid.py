@@ -89,6 +89,51 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert err.startswith(f"grid.py: error: train.py, as the grid runs it: --resume: {lime / 'ckpt.pt'} was trained "
                           "with eval_interval=") and err.endswith(" (not 3)")
     assert snapshot(regime) == before
+    (lime / "ckpt.pt").write_bytes(b"")  # train.py's exit code too: 1, the folder's fault, not the command's
+    assert error_of(grid.main, args, capsys, code=1) == f"grid.py: error: train.py, as the grid runs it: --resume: " \
+        f"{lime / 'ckpt.pt'} is empty (cut short while it was written?)"
+
+
+def test_grid_runs_each_seed_of_each_router(tmp_path, train_in_this_process, monkeypatch):
+    got = []
+    monkeypatch.setattr(grid, "run_grid", lambda runs, args, extra: got.extend(runs) or {})
+    grid.main(["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40", "--test-size", "6",
+               "--routers", "lime,none", "--seeds", "2,1,2", "--out-dir", str(tmp_path / "out"), "--data-root",
+               str(tmp_path / "data")])
+    assert [(name, router, seed) for name, router, seed, *_ in got] == [
+        ("mod11-answer-operators-2", router, seed) for router in ("lime", "none") for seed in (2, 1)]
+
+
+def test_grid_runs_jobs_at_a_time_and_tables_its_seeds(tmp_path, capsys, monkeypatch):
+    """--jobs runs at once, never more; each run's summary in the tables, the validation split's first."""
+    running, most = [], []
+
+    class Run:  # stands in for subprocess.Popen: a run that ends at its first poll, having written its summary
+        def __init__(self, cmd, stdout, stderr, env, preexec_fn):
+            flags = dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
+            self.out, self.seed, self.router = flags["out-dir"], int(flags["seed"]), flags["router"]
+            running.append(self)
+            most.append(len(running))
+
+        def poll(self):
+            accs = dict(acc_2=0.1 * self.seed, val_acc_2=0.2 * self.seed, val_loss=1.0)
+            (grid.Path(self.out) / "summary.json").write_text(json.dumps(dict(router=self.router, seed=self.seed,
+                                                                             **accs)))
+            running.remove(self)
+            self.returncode = 0
+            return 0
+
+    monkeypatch.setattr(grid.subprocess, "Popen", Run)
+    monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)
+    args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
+    runs = [("regime", router, seed, tmp_path / "data", 16, 24) for router, seed in (("lime", 1), ("lime", 2),
+                                                                                       ("none", 1))]
+    tables = grid.run_grid(runs, args, [])
+    assert max(most) == 2 and len(most) == 3
+    out = capsys.readouterr().out
+    assert out.index("val split, mean ± sd over seeds:") < out.index("test split, mean ± sd over seeds:")
+    assert "|  | lime | 2 | 1.000 ± 0.000 | 30.0 ± 14.1 | - |" in tables["val"].splitlines()
+    assert "|  | none | 1 | 1.000 | 10.0 | +5.0 |" in tables["test"].splitlines()
 
 
 def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, refused):
