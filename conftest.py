@@ -281,7 +281,8 @@ class TrainInThisProcess:
     """Stands in for subprocess.Popen in grid.py."""
 
     def __init__(self, cmd, stdout, stderr, env, preexec_fn):
-        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+        # each run's share of the cores: how many depends on the machine's (test_grid checks the share)
+        assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] and int(env["OMP_NUM_THREADS"]) >= 1
         assert stderr is grid.subprocess.STDOUT
         assert "RANK" not in env
         self.returncode = train_here(cmd, stdout)

@@ -3,9 +3,11 @@
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -322,34 +324,42 @@ def test_a_grid_killed_where_it_cannot_pass_a_signal_on_takes_its_runs_with_it(g
     assert got.read_text() == "term"
 
 
-def test_a_grid_runs_jobs_at_a_time_and_says_which_failed(tmp_path, capsys, monkeypatch):
-    """--jobs 2 over three runs: never more than two at once, and all three run; a run that exits
-    non-zero is named in a line, and the grid exits 1."""
-    running, most = [], []
+def test_a_grid_runs_jobs_at_a_time_and_a_run_that_exits_non_zero_failed(tmp_path, capsys, monkeypatch):
+    """At most --jobs runs at once, each on its share of the cores; each run's line counts it and gives its test and
+    val accuracies; a run that exits non-zero failed, even with a summary.json there (a train.py run by hand that
+    finished while the grid's run was refused): named, and the grid exits 1."""
+    running, most, threads = [], [], set()
 
-    class Training:  # stands in for subprocess.Popen: a run that ends, with exit 1, at its second poll
+    class Run:  # stands in for subprocess.Popen: a run that ends at its third poll with a summary; seed 3 exits 1
         def __init__(self, cmd, stdout, stderr, env, preexec_fn):
-            self.returncode, self.polls = None, 0
+            flags = dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
+            self.seed, self.out, self.log = int(flags["seed"]), Path(flags["out-dir"]), stdout
+            self.polls, self.returncode = 0, None
             running.append(self)
             most.append(len(running))
+            threads.add(env["OMP_NUM_THREADS"])
 
         def poll(self):
             self.polls += 1
-            if self.polls == 2:
-                self.returncode = 1
+            if self.polls == 3:
                 running.remove(self)
+                summary = dict(router="lime", seed=self.seed, acc_2=self.seed / 10, val_acc_2=self.seed / 20)
+                (self.out / "summary.json").write_text(json.dumps(summary))
+                self.log.write("train.py: error: in use\n" if self.seed == 3 else "done\n")
+                self.returncode = int(self.seed == 3)
             return self.returncode
 
-    monkeypatch.setattr(grid.subprocess, "Popen", Training)
-    monkeypatch.setattr(grid.time, "sleep", lambda s: None)
+    monkeypatch.setattr(grid.subprocess, "Popen", Run)
+    monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
-    grid_runs = [("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in (1, 2, 3)]
-    with pytest.raises(SystemExit) as ended:
-        grid.run_grid(grid_runs, args, [])
-    assert ended.value.code == 1 and len(most) == 3 and max(most) == 2  # the third waited for one of the two
-    out = capsys.readouterr()
-    assert "2 at a time" in out.out and out.out.count(": FAILED, exit 1: (no output)") == 3
-    assert out.err.startswith("grid.py: error: 3 run(s) failed: regime lime seed 1; regime lime seed 2; ")
+    with pytest.raises(SystemExit) as e:
+        grid.run_grid([("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in range(1, 6)], args, [])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: regime lime seed 3 (see train.out in each)\n"
+    assert len(most) == 5 and max(most) == 2 and threads == {str(max(1, (os.cpu_count() or 1) // 2))}
+    lines = [re.sub(r" \(\d+\.\d min\)$", "", line) for line in out.splitlines() if line.startswith("[")]
+    assert lines == [f"[{n}/5] regime lime seed {n}: test {10 * n}.0%, val {5 * n}.0%" if n != 3 else
+                     "[3/5] regime lime seed 3: FAILED, exit 1: train.py: error: in use" for n in range(1, 6)]
 
 
 @pytest.mark.parametrize("stop", ["signal", "closed output"])
