@@ -106,27 +106,41 @@ def test_grid_runs_each_seed_of_each_router(tmp_path, train_in_this_process, mon
         ("mod11-answer-operators-2", router, seed) for router in ("lime", "none") for seed in (2, 1)]
 
 
-def test_grid_runs_jobs_at_a_time_and_tables_its_seeds(tmp_path, capsys, monkeypatch):
-    """--jobs runs at once, never more; each run's summary in the tables, the validation split's first."""
-    running, most = [], []
+def fake_runs(monkeypatch, polls=1, fails=()):
+    """Stands in for subprocess.Popen in run_grid: each run ends at its `polls`-th poll, having written its summary
+    (acc_2 seed / 10, val_acc_2 seed / 20, val_loss 1) and a line to its train.out; the seeds in `fails` exit 1.
+    -> (how many ran as each one started, the thread counts the runs were given)."""
+    running, most, threads = [], [], set()
 
-    class Run:  # stands in for subprocess.Popen: a run that ends at its first poll, having written its summary
+    class Run:
         def __init__(self, cmd, stdout, stderr, env, preexec_fn):
             flags = dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
-            self.out, self.seed, self.router = flags["out-dir"], int(flags["seed"]), flags["router"]
+            self.out, self.seed, self.router, self.log = Path(flags["out-dir"]), int(flags["seed"]), flags["router"], \
+                stdout
+            self.polls, self.returncode = 0, None
             running.append(self)
             most.append(len(running))
+            threads.add(env["OMP_NUM_THREADS"])
 
         def poll(self):
-            accs = dict(acc_2=0.1 * self.seed, val_acc_2=0.2 * self.seed, val_loss=1.0)
-            (grid.Path(self.out) / "summary.json").write_text(json.dumps(dict(router=self.router, seed=self.seed,
-                                                                             **accs)))
-            running.remove(self)
-            self.returncode = 0
-            return 0
+            self.polls += 1
+            if self.polls == polls:
+                running.remove(self)
+                summary = dict(router=self.router, seed=self.seed, acc_2=self.seed / 10, val_acc_2=self.seed / 20,
+                               val_loss=1.0)
+                (self.out / "summary.json").write_text(json.dumps(summary))
+                self.log.write("train.py: error: in use\n" if self.seed in fails else "done\n")
+                self.returncode = int(self.seed in fails)
+            return self.returncode
 
     monkeypatch.setattr(grid.subprocess, "Popen", Run)
     monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)
+    return most, threads
+
+
+def test_grid_runs_jobs_at_a_time_and_tables_its_seeds(tmp_path, capsys, monkeypatch):
+    """--jobs runs at once, never more; each run's summary in the tables, the validation split's first."""
+    most, _ = fake_runs(monkeypatch)
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
     runs = [("regime", router, seed, tmp_path / "data", 16, 24) for router, seed in (("lime", 1), ("lime", 2),
                                                                                        ("none", 1))]
@@ -134,7 +148,7 @@ def test_grid_runs_jobs_at_a_time_and_tables_its_seeds(tmp_path, capsys, monkeyp
     assert max(most) == 2 and len(most) == 3
     out = capsys.readouterr().out
     assert out.index("val split, mean ± sd over seeds:") < out.index("test split, mean ± sd over seeds:")
-    assert "|  | lime | 2 | 1.000 ± 0.000 | 30.0 ± 14.1 | - |" in tables["val"].splitlines()
+    assert "|  | lime | 2 | 1.000 ± 0.000 | 7.5 ± 3.5 | - |" in tables["val"].splitlines()
     assert "|  | none | 1 | 1.000 | 10.0 | +5.0 |" in tables["test"].splitlines()
 
 
@@ -328,29 +342,7 @@ def test_a_grid_runs_jobs_at_a_time_and_a_run_that_exits_non_zero_failed(tmp_pat
     """At most --jobs runs at once, each on its share of the cores; each run's line counts it and gives its test and
     val accuracies; a run that exits non-zero failed, even with a summary.json there (a train.py run by hand that
     finished while the grid's run was refused): named, and the grid exits 1."""
-    running, most, threads = [], [], set()
-
-    class Run:  # stands in for subprocess.Popen: a run that ends at its third poll with a summary; seed 3 exits 1
-        def __init__(self, cmd, stdout, stderr, env, preexec_fn):
-            flags = dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
-            self.seed, self.out, self.log = int(flags["seed"]), Path(flags["out-dir"]), stdout
-            self.polls, self.returncode = 0, None
-            running.append(self)
-            most.append(len(running))
-            threads.add(env["OMP_NUM_THREADS"])
-
-        def poll(self):
-            self.polls += 1
-            if self.polls == 3:
-                running.remove(self)
-                summary = dict(router="lime", seed=self.seed, acc_2=self.seed / 10, val_acc_2=self.seed / 20)
-                (self.out / "summary.json").write_text(json.dumps(summary))
-                self.log.write("train.py: error: in use\n" if self.seed == 3 else "done\n")
-                self.returncode = int(self.seed == 3)
-            return self.returncode
-
-    monkeypatch.setattr(grid.subprocess, "Popen", Run)
-    monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)
+    most, threads = fake_runs(monkeypatch, polls=3, fails={3})
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
     with pytest.raises(SystemExit) as e:
         grid.run_grid([("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in range(1, 6)], args, [])
