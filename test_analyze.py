@@ -18,7 +18,7 @@ import runs
 import sample
 import tables
 import train
-from conftest import error_of, small_model, snapshot, tiny_args
+from conftest import error_of, small_model, snapshot, tiny_args, tokens
 from data import write_shard
 
 @pytest.mark.parametrize("mode", ["none", "lime", "first-2"])
@@ -31,7 +31,8 @@ def test_route_map_rows_sum_to_one(mode):
     if mode == "first-2":
         assert torch.all(M[5, 2:5] == 0) and torch.all(M[5, [0, 1, 5]] > 0)
     read = analyze.sources_read(small_model(mode))  # what `routes` shows; '.' elsewhere, not a learned 0
-    assert read.tolist() == (M > 0).tolist() and read[5].tolist() == [mode != "none"] * 2 + [mode == "lime"] * 3 + [True]
+    assert read.tolist() == (M > 0).tolist()
+    assert read[5].tolist() == [mode != "none"] * 2 + [mode == "lime"] * 3 + [True]
 
 
 def test_routes_command(arith_run, capsys):
@@ -55,6 +56,37 @@ def test_routes_say_what_the_map_leaves_out(mode, note, tmp_path, answer_dir, ca
     assert f"router {mode} ({note}): row = layer" in capsys.readouterr().out
 
 
+def test_activations_are_the_values_each_layer_reads_routed():
+    """What entropy and probe read at a layer: the values its attention reads, routed from the layers' own. Keys of
+    zero, and every router reading layer 0's heads alone: each layer's values are layer 0's own, not zero."""
+    model = small_model("lime")
+    n_kv, hd = model.config.n_kv_head, model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_kv.weight.view(n_kv, 2 * hd, -1)[:, :hd] = 0  # each head's keys, then its values
+        for router in analyze.prunable_routers(model).values():  # (the learned ones: layers 1 and up)
+            router.weight.zero_()[:, 0] = torch.eye(n_kv)  # head h of layer 0 into head h
+    values, hidden = analyze.activations(model, tokens(1, 16)[0])
+    assert len(values) == len(hidden) == 6 and values[0].shape == (16, n_kv * hd) and values[0].abs().min() > 0
+    for v in values[1:]:
+        torch.testing.assert_close(v, values[0])
+
+
+def test_survival_map_puts_each_source_in_its_column():
+    """A router that reads some layers (first-2: layers 0 and 1 and its own): what pruning kept of each source's
+    weights in that layer's column, NaN where there is no learned weight (layer 0, a source not read)."""
+    model = small_model("first-2")
+    mask = {}
+    for name, router in analyze.prunable_routers(model).items():
+        mask[name] = torch.zeros(router.weight.shape, dtype=torch.bool)
+        mask[name][:, -1] = True  # its own layer's weights, all kept
+        mask[name][0, 0, 0] = True  # one of the 4 of layer 0's
+    expected = torch.full((6, 6), math.nan)
+    for layer in range(1, 6):
+        expected[layer, [0, 1, layer]] = torch.tensor([0.25, 0.0, 1.0])
+    torch.testing.assert_close(analyze.survival_map(model, mask), expected, equal_nan=True)
+
+
 def test_renyi_entropy_extremes():
     g = torch.Generator().manual_seed(0)
     T = 32
@@ -71,7 +103,7 @@ def test_renyi_entropy_extremes():
         assert analyze.renyi_entropy(rescaled, alpha) == pytest.approx(analyze.renyi_entropy(Z, alpha), rel=1e-6)
 
 
-def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
+def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys, monkeypatch):
     base = tmp_path / "none"
     train.main(tiny_args(arith_dir, base, "--router=none", "--max-steps=2"))
     curves = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4"])
@@ -79,6 +111,16 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys):
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
     assert "matrix-based Renyi entropy (alpha 1.0) in nats" in capsys.readouterr().out
     assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
+    sequences = analyze.sequences  # a validation set of 3: fewer sequences than asked for
+    monkeypatch.setattr(analyze, "sequences", lambda cfg, n, seq_len: sequences(cfg, min(n, 3), seq_len))
+    cfg, model = runs.load_checkpoint(base, "cpu")
+    acts = [analyze.activations(model, x) for x in analyze.sequences(cfg, 8, 256)]
+    capsys.readouterr()
+    curves = analyze.main(["entropy", "--out-dir", str(base), "--num-seqs", "8"])
+    assert "mean over 3 sequences" in capsys.readouterr().out and len(acts) == 3
+    for k, kind in enumerate(("values", "hidden")):  # per layer, the mean over the sequences there are
+        assert curves[f"none {kind}"] == pytest.approx([sum(analyze.renyi_entropy(a[k][l]) for a in acts) / len(acts)
+                                                        for l in range(2)])
     again = tmp_path / "again"  # two runs of one router: each keeps its curves, named by its folder
     shutil.copytree(arith_run, again)
     both = analyze.main(["entropy", "--out-dir", str(arith_run), str(again), "--num-seqs", "2"])
@@ -179,16 +221,18 @@ def test_table_averages_over_seeds(tmp_path, capsys):
                 d = tmp_path / regime / f"{router}-{seed}"
                 d.mkdir(parents=True)
                 summary = dict(router=router, task=task, seed=seed, acc_4=0.9, acc_5=0.8, acc_6=acc, val_acc_4=0.9,
-                               val_acc_5=0.8, val_acc_6=acc - 0.1, val_loss=(0.2 if router == "lime" else 0.5) + seed / 10)
+                               val_acc_5=0.8, val_acc_6=acc - 0.1,
+                               val_loss=(0.2 if router == "lime" else 0.5) + seed / 10)
                 (d / "summary.json").write_text(json.dumps(summary))
                 dirs.append(str(d))
     table = analyze.main(["table", *dirs])
     head = "| regime | router | seeds | val loss | acc_4 | acc_5 | acc_6 | lime ahead, last tier (pts) |"
     assert table.splitlines()[0] == head and len(table.splitlines()) == 6  # no NOTE: the regime is a column
     mod, int_ = "| mod11-answer, tiers 4,5,6 operators |", "| int-answer, tiers 4,5,6 operators |"
-    assert f"{mod} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |" in table
-    assert f"{int_} none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
-    assert f"{mod} none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |" in table
+    lime = "lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 60.0 ± 10.0 | - |"
+    none = "none | 3 | 0.600 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 30.0 ± 10.0 | +30.0 |"
+    # rows in the order of the runs given (a grid's: regime by regime, the routers as --routers names them)
+    assert table.splitlines()[2:] == [f"{mod} {lime}", f"{mod} {none}", f"{int_} {lime}", f"{int_} {none}"]
     val = analyze.main(["table", "--split", "val", *dirs])
     twice = analyze.main(["table", *dirs[:3], *dirs[:3]])  # a run given twice is one run
     assert "| mod11-answer, tiers 4,5,6 operators | lime | 3 |" in twice and "| 6 |" not in twice
@@ -205,7 +249,8 @@ def test_table_averages_over_seeds(tmp_path, capsys):
     assert table.startswith("| router | perplexity |") and len(table.splitlines()) == 7
     assert table.splitlines()[2:5] == ["| lime (preset 150m) | 15.9000 | - |",  # two rows of lime: named apart
                                        "| lime (preset deep) | 14.0000 | -11.95% |", "| none | 16.4000 | +3.14% |"]
-    assert table.endswith("\n\nNOTE the rows differ in more than their router: preset (lime 150m, lime deep, none 150m)")
+    assert table.endswith("\n\nNOTE the rows differ in more than their router: preset "
+                          "(lime 150m, lime deep, none 150m)")
     assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
 
@@ -224,8 +269,9 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
         (d / "summary.json").write_text(json.dumps(summary))
         dirs.append(str(d))
     assert "| lime | 2 | 2.500 ± 0.707 |" in analyze.main(["table", *dirs[:2]])
-    for command, others, says in (("table", dirs[:3], "lr 0.001 in out_dir of run 0, 1e-05 in out_dir of run 2"),
-                                  ("curves", [*dirs[:2], dirs[3]], "n_layer 4 in out_dir of run 0, 6 in out_dir of run 3")):
+    for command, others, says in (
+            ("table", dirs[:3], "lr 0.001 in out_dir of run 0, 1e-05 in out_dir of run 2"),
+            ("curves", [*dirs[:2], dirs[3]], "n_layer 4 in out_dir of run 0, 6 in out_dir of run 3")):
         assert error_of(analyze.main, [command, *others], capsys).endswith(
             f"these runs of router lime differ in {says.split()[0]}, not only in their seed ({says}): a mean over "
             "seeds is of one setting")
@@ -238,8 +284,8 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
     summary["seed"], summary["config"]["seed"], summary["config"]["init_from"] = 5, 5, ""
     (scratch / "summary.json").write_text(json.dumps(summary))
     assert error_of(analyze.main, ["table", dirs[0], str(scratch)], capsys).endswith(
-        "differ in init_from, not only in their seed (init_from 'init_from of run 0' in out_dir of run 0, '' in out_dir "
-        "of run 0): a mean over seeds is of one setting")
+        "differ in init_from, not only in their seed (init_from 'init_from of run 0' in out_dir of run 0, '' in "
+        "out_dir of run 0): a mean over seeds is of one setting")
     (tmp_path / "old").mkdir()  # a summary from before summaries kept their config: it differs in nothing known
     (tmp_path / "old" / "summary.json").write_text(json.dumps(dict(router="lime", preset="tiny", seed=9, steps=10,
                                                                    val_ppl=2.0)))
@@ -253,7 +299,8 @@ def test_a_table_of_routers_trained_differently_says_how(tmp_path):
     more than the methods: a NOTE under the table names each such field and every row's value."""
     dirs = []
     for router, seed, steps, lr in (("lime", 1, 1500, 3e-3), ("lime", 2, 1500, 3e-3), ("none", 1, 30, 1e-3)):
-        config = dict(router=router, preset="tiny", seed=seed, max_steps=steps, lr=lr, n_layer=4, out_dir=f"{router}{seed}")
+        config = dict(router=router, preset="tiny", seed=seed, max_steps=steps, lr=lr, n_layer=4,
+                      out_dir=f"{router}{seed}")
         dirs.append(tmp_path / f"{router}{seed}")
         dirs[-1].mkdir()
         (dirs[-1] / "summary.json").write_text(json.dumps(dict(router=router, preset="tiny", seed=seed, steps=steps,
@@ -360,6 +407,42 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
                                                                    capsys, code=1)
 
 
+def test_the_curves_picture_draws_what_is_printed(tmp_path, monkeypatch):
+    """The picture draws the printed means (accuracy in %) with a band of 1 sd, in the folder that holds all the runs,
+    here above their regimes' folders; of seeds evaluated at other intervals, each step's mean is of that step's."""
+    accs = {1: {50: 0.1, 100: 0.25, 150: 0.4, 200: 0.5}, 2: {100: 0.35, 200: 0.3}}
+    dirs = []
+    for seed, at in accs.items():
+        d = tmp_path / "grid" / f"regime{seed}" / f"lime-seed{seed}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(dict(router="lime", seed=seed, max_steps=200,
+                                                       eval_interval=200 // len(at))))
+        (d / "log.jsonl").write_text("".join(json.dumps(dict(step=step, val_loss=1 - acc, val_acc_4=acc)) + "\n"
+                                             for step, acc in at.items()))
+        dirs.append(str(d))
+    drawn = []
+
+    def keep(plt, fig, path):  # (write_png's place: what the picture shows, not a PNG to decode)
+        drawn.append((path, [(ax.get_ylabel(), ax.lines[0].get_xydata(), ax.collections[0].get_paths()[0].vertices)
+                             for ax in fig.axes]))
+        plt.close(fig)
+
+    monkeypatch.setattr(analyze, "write_png", keep)
+    curve = analyze.main(["curves", *dirs])["lime, 200 steps"]
+    sd = math.sqrt(0.005)  # of 0.25 and 0.35, as of 0.5 and 0.3 twice that
+    assert curve["val_acc_4"] == [pytest.approx(p) for p in ((100, 0.3, sd, 2), (200, 0.4, 2 * sd, 2))]
+    assert curve["val_loss"] == [pytest.approx(p) for p in ((100, 0.7, sd, 2), (200, 0.6, 2 * sd, 2))]
+    [(path, axes)] = drawn
+    assert path == tmp_path / "grid" / "curves.png"
+    for (ylabel, line, band), (metric, scale) in zip(axes, (("val_acc_4 (%)", 100), ("val_loss", 1))):
+        assert ylabel == metric
+        points = curve[metric.split()[0]]
+        assert line.tolist() == [pytest.approx([step, scale * mu]) for step, mu, _, _ in points]
+        for step, mu, sd, _ in points:  # the band at each step: from mean - sd to mean + sd
+            ys = band[band[:, 0] == step, 1]
+            assert (ys.min(), ys.max()) == pytest.approx((scale * (mu - sd), scale * (mu + sd)))
+
+
 def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, capsys):
     """Runs that share no tier: table and curves say so (before, table fell back to perplexity alone and
     curves blamed the runs' logs)."""
@@ -382,7 +465,8 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
     fresh = tmp_path / "fresh"  # a run that has not evaluated yet (stopped, or still training): left out, with a line
     shutil.copytree(dirs[0], fresh)
-    (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n")
+    (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n" +  # and pruned (--prune-at 5): no
+                                     json.dumps(dict(step=5, router_pruned=3, router_weights=8)) + "\n")  # evaluation
     (fresh / "config.json").write_text(json.dumps(dict(router="none", task=task, seed=1, max_steps=10)))
     capsys.readouterr()
     assert list(analyze.main(["curves", dirs[1], str(fresh), "--out", str(tmp_path / "c.png")])) == [
@@ -575,14 +659,17 @@ def test_one_seed_has_no_sd_and_regimes_stay_apart():
 
 def test_what_the_seeds_of_one_setting_may_differ_in():
     """As tables.py says: their seed, the run they start from (a fine-tune of each pretrained seed), how their length
-    was given, and where and how each one ran. Anything else (here lr) makes them two settings."""
+    was given, and where and how each one ran. Anything else (lr, batch size, warm-up, the data's sizes: every other
+    field of train.py's config) makes them two settings."""
     may = ["init_from", "epochs", "warmup_epochs", "data_dir", "device", "dtype", "compile", "stop_at", "log_interval",
            "micro_batch_size", "eval_interval"]
     first = dict(router="lime", preset="tiny", max_steps=10, lr=1e-3, seed=0, out_dir="a")
     for field in may:
         pair = [{**first, field: "a's"}, {**first, field: "b's", "seed": 1, "out_dir": "b"}]
         assert list(tables.by_setting(pair).values()) == [pair], field  # one setting, two seeds
-    for field, value in (("lr", 1e-4), ("batch_size", 64)):  # (the whole batch is the setting; its micro-batches not)
+    task = arithmetic.regime_of(arithmetic.Task(), 0, 100, 10)  # (one regime's label, other data: another setting)
+    grouped = {"router", "preset", "max_steps"}  # (runs.seed_group's: rows apart, not refused)
+    for field in sorted({f.name for f in dataclasses.fields(train.TrainConfig)} - {*may, "seed", "out_dir"} - grouped):
+        a, b = (dict(task, train_size=n) for n in (100, 200)) if field == "task" else ("a's", "b's")
         with pytest.raises(cli.UsageError, match=f"differ in {field}, not only in their seed"):
-            tables.by_setting([{**first, "batch_size": 32}, {**first, "batch_size": 32, field: value, "seed": 1,
-                                                              "out_dir": "b"}])
+            tables.by_setting([{**first, field: a}, {**first, field: b, "seed": 1, "out_dir": "b"}])

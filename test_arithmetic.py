@@ -385,7 +385,8 @@ def test_a_folder_replaced_while_it_is_read_is_refused_not_read_as_a_mix(tmp_pat
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--field", "mod", "--modulus", "2305843009213693951"], "--modulus must be at most 1000001, got 2305843009213693951"),
+    (["--field", "mod", "--modulus", "2305843009213693951"],
+     "--modulus must be at most 1000001, got 2305843009213693951"),
     (["--max-value", "1000000000000"], "--max-value must be at most 1000000, got 1000000000000")])
 def test_numbers_past_a_million_are_refused_before_anything_is_written(tmp_path, capsys, flags, message):
     """Both used to hang: the prime checked up to P, the vocabulary of a token per number built after the splits."""
@@ -536,8 +537,9 @@ def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(
     damaged = {p.name: p.read_bytes() for p in folder.iterdir()}
     err = error_of(prepare_data.main, args, capsys)
     assert err == f"prepare_data.py: error: {folder} holds other lines than this code makes of the data its " \
-                  "meta.json names, int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier) (edited, " \
-                  f"or made by another version): {where}: give another --data-dir, or --overwrite to replace it"
+                  "meta.json names, int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier) " \
+                  f"(edited, or made by another version): {where}: give another --data-dir, or --overwrite to " \
+                  "replace it"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == damaged
     prepare_data.main(args + ["--overwrite"])
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == made

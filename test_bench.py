@@ -85,7 +85,8 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     assert [c[-5] for c in commands] == ["first-2"] and again["suite"][:2] == saved["suite"][:2]
     assert "t1: none,lime: kept from" in capsys.readouterr().out
     # the routing op timed over other tiles (a --sweep, or an older TILES) is not this run's figure: timed again
-    path.write_text(json.dumps({**again, "suite": [{**again["suite"][0], "tiles": [[64, 8, 16]]}, *again["suite"][1:]]}))
+    retiled = [{**again["suite"][0], "tiles": [[64, 8, 16]]}, *again["suite"][1:]]
+    path.write_text(json.dumps({**again, "suite": retiled}))
     bench.main(argv)
     out = capsys.readouterr().out
     assert "t1: kernels: kept" not in out and "t1: none,lime: kept from" in out
@@ -196,7 +197,8 @@ def test_bench_keeps_figures_another_process_wrote_while_it_ran(tmp_path, capsys
         with pytest.raises(SystemExit) as e:
             bench.main(quick + flags)
         assert e.value.code == 2 and capsys.readouterr().err == f"bench.py: error: --json={path} was written by " \
-            "another process while this one ran: it keeps that one's figures (this one's are above); give another file\n"
+            "another process while this one ran: it keeps that one's figures (this one's are above); give another " \
+            "file\n"
         assert json.loads(path.read_text()) == {"theirs": "x" * len(str(flags))}
 
 

@@ -563,7 +563,7 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--device", "foo"], 2, "--device='foo'"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--top-k", "5", "--seed", "2"], 2,
      "--eval scores the run on its fixed evaluation sets, without sampling: not with --top-k, --seed"),
-    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--seed", "1337"], 2,  # given at its default: refused too
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--seed", "1337"], 2,  # at its default: refused too
      "without sampling: not with --seed"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
@@ -597,8 +597,9 @@ BAD_INPUTS = [
      "input.txt: give an http(s) URL: for a file here, put it in "),  # (requests: a traceback, an empty folder)
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--url="], 2,
      "--url=: give an http(s) URL"),
-    ("prepare_data", lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--base-url=http://localhost:99999/"],
-     2, "--base-url=http://localhost:99999/: not a URL (Failed to parse: http://localhost:99999/)"),
+    ("prepare_data",
+     lambda a, r, t: ["fineweb-edu", "--data-dir", str(t / "new"), "--base-url=http://localhost:99999/"], 2,
+     "--base-url=http://localhost:99999/: not a URL (Failed to parse: http://localhost:99999/)"),
     ("prepare_data", lambda a, r, t: ["shakespeare", "--data-dir", str(t / "new"), "--base-url=x"], 2,
      "--base-url is for fineweb-edu and prosqa data, not shakespeare"),
     ("grid", lambda a, r, t: ["--fields", "real", "--out-dir", str(t / "g"), "--data-root", str(t / "d")], 2,
@@ -794,7 +795,8 @@ DAMAGED = [
      "log.jsonl is not a file but a run's files go by that name: move it away"),  # not half the run deleted
     ("analyze", then(lambda d, r, t: (t / "p" / "config.json").mkdir(parents=True),
                      lambda d, r, t: ["prune", "--out-dir", str(r), "--top-p", "0.5", "--save", str(t / "p"),
-                                      "--overwrite"]), 1, "config.json is not a file but a run's files go by that name"),
+                                      "--overwrite"]), 1,
+     "config.json is not a file but a run's files go by that name"),
     ("sample", then(lambda d, r, t: write(d / "val_4.txt", " + ".join(["1"] * 60) + " = 60\n" +
                                           "".join((d / "val_4.txt").read_text().splitlines(True)[1:])),
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
@@ -884,9 +886,11 @@ DAMAGED = [
     ("train", then(on_the_copy, hand_edit(preset=["tiny"]), resume), 1,
      "ckpt.pt: in its saved config, preset must be a string, got ['tiny']"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
-        2, dtype=torch.bool)})), resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
-    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=torch.ones(2))), resume),
-     1, "ckpt.pt is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'"),
+        2, dtype=torch.bool)})), resume), 1,
+     "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=torch.ones(2))),
+                   resume), 1,
+     "ckpt.pt is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape, dtype=torch.uint8) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (~1 is 254, not False)
@@ -900,14 +904,16 @@ DAMAGED = [
     ("train", then(on_the_copy, hand_edit(vocab_size=2048), config_edit(vocab_size=2048),
                    lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
      ("--resume: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
-    ("train", then(hand_edit(vocab_size=2048), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")),
-     1, ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
+    ("train", then(hand_edit(vocab_size=2048),
+                   lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")), 1,
+     ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(
         param_groups=c["optimizer"]["param_groups"][:1])), resume), 1,
      ("--resume: ", "ckpt.pt holds an optimiser state its config does not describe (loaded state dict has a different "
                     "number of parameter groups")),
     ("analyze", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask="x")),
-                     lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1, "its pruning mask ('router_mask')"),
+                     lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1,
+     "its pruning mask ('router_mask')"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"].update({5: torch.ones(1)})),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      "is not a checkpoint of train.py: its 'model' is not a dict of named tensors"),
@@ -954,10 +960,12 @@ DAMAGED = [
     ("grid", then(lambda d, r, t: (shutil.copytree(d, t / "root" / "int-steps-operands-4-5-6"),
                                    write(t / "root" / "int-steps-operands-4-5-6" / "meta.json", "{")),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
-                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1, "meta.json is not valid JSON"),
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
+     "meta.json is not valid JSON"),
     ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "summary.json", "{"),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
-                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1, "summary.json is not valid JSON"),
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
+     "summary.json is not valid JSON"),
     ("prepare_data", lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--tiers=4,5"], 2,
      "already holds int-steps, tiers 4,5,6 operands (seed 0; 100 train, 10 test, 10 val a tier), with count operands "
      "(not operators), tiers 4,5,6 (not 4,5), train_size 100 (not 50000), test_size 10 (not 1000): give another "

@@ -86,8 +86,8 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
     files = fineweb_files(1)
     files["finewebedu_train_000001.bin"] = bad
     server = serve(files)
-    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url],
-                   capsys, code=1)
+    args = ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url]
+    err = error_of(prepare_data.main, args, capsys, code=1)
     assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin")
     assert not (tmp_path / "finewebedu_train_000001.bin").exists()
     assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
@@ -97,8 +97,8 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
 def test_missing_file_is_one_line(serve, tmp_path, capsys):
     server = serve({})
     folder = tmp_path / "fineweb"
-    err = error_of(prepare_data.main, ["fineweb-edu", "--shards", "1", "--data-dir", str(folder), "--base-url", server.url],
-                   capsys, code=1)
+    args = ["fineweb-edu", "--shards", "1", "--data-dir", str(folder), "--base-url", server.url]
+    err = error_of(prepare_data.main, args, capsys, code=1)
     assert re.match("prepare_data.py: error: .*HTTP 404", err)
     assert not folder.exists()  # nothing fetched, no folder made
 
@@ -225,8 +225,8 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
     cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=64))
     data = TokenData(cfg)
     assert data.vocab_size == 10  # ids up to 9 in the validation windows
-    with pytest.raises(DataError, match="token id 64 of a train shard is past the model's --vocab-size=64, which "
-                                        "the validation shard's tokens fit: train a new run with a --vocab-size above it"):
+    with pytest.raises(DataError, match="token id 64 of a train shard is past the model's --vocab-size=64, which the "
+                                        "validation shard's tokens fit: train a new run with a --vocab-size above it"):
         data.batch(np.random.default_rng(0), 4)
     (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
     with pytest.raises(DataError, match=re.escape("x_train_000001.bin: not a file")):

@@ -50,6 +50,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert tables["val"].splitlines()[0] == ("| router | val loss | val acc_2 | val acc_3 | "
                                              "change to lime (val loss) | change to lime (val acc_2) | "
                                              "change to lime (val acc_3) |")  # (headed as a table over seeds)
+    assert tables["test"].splitlines()[0] == ("| router | val loss | acc_2 | acc_3 | change to lime (val loss) | "
+                                              "change to lime (acc_2) | change to lime (acc_3) |")  # (not val's)
     assert [row.split(" | ")[0] for row in tables["test"].splitlines()[2:]] == ["| lime", "| none"]  # every run
     before = snapshot(regime)
     assert grid.main(args) == tables and snapshot(regime) == before  # finished runs are kept, not redone
@@ -75,6 +77,11 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
     (lime / "config.json").write_text(json.dumps(config))
+    kept = (none / "config.json").read_text()  # the second run alone of another setting: each kept run is checked
+    (none / "config.json").write_text(json.dumps({**json.loads(kept), "batch_size": 16}))
+    assert error_of(grid.main, args, capsys).endswith(f"{none} is a finished run of batch_size 16, not 8: a finished "
+                                                      "run is kept, so give another --out-dir for other flags")
+    (none / "config.json").write_text(kept)
     summary = json.loads((lime / "summary.json").read_text())
     (lime / "summary.json").write_text(json.dumps({**summary, "seed": 2}))  # another seed's, copied here
     assert error_of(grid.main, args, capsys, code=1).endswith(

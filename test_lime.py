@@ -614,7 +614,8 @@ OWN = "a method of your own joins them once its module is in methods.MODULES"
     ("hc-static-0", "e.g. hc-static-4")])
 def test_bad_router_strings(bad, why):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
-    ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa", "value-residual"]
+    ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa",
+            "value-residual"]
     forms = methods.router_forms()
     assert [form for form in re.split(", | or ", forms) if form in ours] == ours
     with pytest.raises(ValueError, match=re.escape(f"expected {forms} (J a positive integer); {why}")):
@@ -634,8 +635,9 @@ def test_a_module_of_methods_that_is_not_there_is_named(monkeypatch):
 
 
 def test_the_registry_is_in_the_order_of_its_modules():
-    """lime.py's methods, then ablations.py's, then baselines.py's, however the modules were imported: a process that
-    imports baselines.py first (which imports lime.py, not ablations.py) registers the baselines before the ablations."""
+    """lime.py's methods, then ablations.py's, then baselines.py's, however the modules were imported: a process
+    that imports baselines.py first (which imports lime.py, not ablations.py) registers the baselines before the
+    ablations."""
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc-J", "hc-static-J", "dwa", "value-residual"]
     held = dict(methods.ROUTERS)
     try:
@@ -967,8 +969,8 @@ def test_a_router_whose_weights_are_its_linears_starts_as_a_learned_router(scrat
 def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     """A per-token router's Linear maps start at zero, biases too, whatever their name (so it starts static);
     a weight the defaults cannot reach (weights() is an expand of it, or it is in an nn.ParameterList) that the class
-    leaves unset, or sets in part, is an error: in train.py --dry-run already, although it builds the model on the meta device, where nothing has a
-    value to check."""
+    leaves unset, or sets in part, is an error: in train.py --dry-run already, although it builds the model on the
+    meta device, where nothing has a value to check."""
     class Gated(lime.Router):
         name, per_token = "test-gated", True
 
@@ -1143,7 +1145,8 @@ def test_a_j_that_a_method_refuses_is_one_line(scratch_registry, answer_dir, tmp
 
         def __init__(self, config, layer, J=None):
             if J > config.n_layer:
-                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's {config.n_layer} layers")
+                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's "
+                                     f"{config.n_layer} layers")
             super().__init__(config, layer, J)
 
     class Wide(lime.Residual):
@@ -1152,7 +1155,8 @@ def test_a_j_that_a_method_refuses_is_one_line(scratch_registry, answer_dir, tmp
         def __init__(self, config=None, J=None):
             super().__init__()
             if J > config.n_layer:
-                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's {config.n_layer} layers")
+                raise cli.UsageError(f"--router={config.router}: J={J} is more than the model's "
+                                     f"{config.n_layer} layers")
 
     class Buggy(lime.LIMe):
         name = "test-buggy"

@@ -564,7 +564,8 @@ def test_a_signal_saves_a_checkpoint_and_resume_is_exact(answer_dir, whole_run, 
     assert_same_run(out, whole_run)
 
 
-def test_a_signal_while_a_step_is_logged_leaves_the_checkpoint_its_log_row(answer_dir, whole_run, tmp_path, monkeypatch):
+def test_a_signal_while_a_step_is_logged_leaves_the_checkpoint_its_log_row(answer_dir, whole_run, tmp_path,
+                                                                           monkeypatch):
     """A signal after an update, as its log row is made (where .item() waits for the device): the checkpoint of that
     step was saved without the row, which the log then lacked for good, resumed or not."""
     real, calls = train.synchronize, []
@@ -964,7 +965,7 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
     assert f"no arithmetic data in {tmp_path / 'data' / 'arithmetc-quick'}: run `python prepare_data.py arithmetic " \
            f"--data-dir {tmp_path / 'data' / 'arithmetc-quick'} --field int --count operands --tiers 4,5,6 " \
            "--target steps`" in err
-    home = tmp_path / "data" / "arithmetic-quick"  # the preset's own folder, with files of the user's by its data's names
+    home = tmp_path / "data" / "arithmetic-quick"  # the preset's own folder, with the user's files by its data's names
     home.mkdir(parents=True)
     (home / "train.txt").write_text("1 + 2 = 3\n")
     for flags in ([], ["--overwrite"]):  # (the run's --overwrite is not the data's)
