@@ -566,6 +566,9 @@ def load(data_dir, trained_on=None):
     names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]
     if "field" not in meta and not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
         names = names[:1 + len(task.tiers)]  # made before the validation split (and the regime's fields) existed
+    sizes = regime(meta)  # its lines per split, where meta.json says (not an old folder's)
+    lines_in = {name: sizes["train_size"] * len(task.tiers) if name == "train" else sizes["test_size"]
+                for name in names} if "test_size" in sizes else {}
     splits = {}
     for name in names:
         path = data_dir / f"{name}.txt"
@@ -588,6 +591,15 @@ def load(data_dir, trained_on=None):
                 problem = str(e)
             if problem:
                 raise damaged_line(path, i, problem, meta)
+        if name != "train":  # a scored expression is there once (generate): a copied line would count twice
+            first = {}
+            for i, line in enumerate(splits[name]):
+                j = first.setdefault(line.split(" = ")[0], i)
+                if j != i:
+                    raise damaged_line(path, i, f"its expression is line {j + 1}'s too", meta)
+        if lines_in and len(splits[name]) != lines_in[name]:  # (lines cut away whole, or added: every line a sample)
+            raise DataError(f"{path} holds {len(splits[name])} lines, not the {lines_in[name]} that its meta.json "
+                            f"names: {rebuild}")
     # NOTE prepare(overwrite=True) deletes meta.json before it replaces a split and writes it anew last: a meta.json
     # unchanged now means that no split read above was replaced meanwhile (else: some of either data, silently)
     if file_state(data_dir / "meta.json") != seen:

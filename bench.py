@@ -442,7 +442,7 @@ def write_json(args, out):
 
 def run_suite(args, argv, out):
     """SUITE, part by part. With --json, the file is written after every part, and the parts it already
-    holds (from this device, torch and dtype: another's is an error) are kept, not measured again."""
+    holds (from this device, torch, dtype and compile setting: another's is an error) are kept, not measured again."""
     kept = {}
     if args.json and Path(args.json).exists() and not args.overwrite:
         old = read_json(args.json, keys=("device", "torch", "dtype"))
@@ -452,10 +452,10 @@ def run_suite(args, argv, out):
         if not isinstance(old["suite"], list) or not all(isinstance(part, dict) and isinstance(part.get("part"), str)
                                                          for part in old["suite"]):
             raise DataError(f"{args.json} is not what this repo writes: its 'suite' is not a list of parts")
-        held = old["device"], old["torch"], old["dtype"]
-        if held != (out["device"], out["torch"], out["dtype"]):  # figures from elsewhere: never lost
-            raise UsageError(f"--json={args.json} holds the suite of {held[0]}, torch {held[1]}, {held[2]}: give "
-                             "another file, or --overwrite to replace it")
+        held = old["device"], old["torch"], old["dtype"], old.get("compile")
+        if held != (out["device"], out["torch"], out["dtype"], out["compile"]):  # figures from elsewhere: never lost
+            raise UsageError(f"--json={args.json} holds the suite of {held[0]}, torch {held[1]}, {held[2]}, compile "
+                             f"{held[3]}: give another file, or --overwrite to replace it")
         kept = {part["part"]: part for part in old["suite"]}
     if not args.device.startswith("cuda") and any(f"{s}: {w}" not in kept for s, w in SUITE):  # (tests: small shapes)
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "

@@ -315,7 +315,7 @@ class Residual(Method):
         return h  # the stream -> what the final norm reads (B, T, C)
 
     def flops(self):
-        return 0  # training FLOPs per token beyond the weights of Linear layers (GPT.estimate_flops)
+        return 0  # training FLOPs per token beyond the weights of Linear layers (GPT.estimate_flops): a subclass's > 0
 
 
 class Block(nn.Module):

@@ -11,6 +11,7 @@ methods. Read the methods through registry(), which first imports every module o
 that writes its method in a new file adds the file's module name there.
 """
 
+import difflib
 import importlib
 import re
 from contextlib import contextmanager
@@ -102,8 +103,11 @@ def parse_router(spec):
     if name not in known or name.endswith("-J") != (J is not None):
         forms = router_forms()
         stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
+        stems = {n.removesuffix("-J").lower(): n for n in known}  # (a name that differs in case or a letter)
+        near = [stems[s] for s in difflib.get_close_matches(str(spec).lower(), stems, n=1)]
         why = (f"{stem} takes no -J" if stem in known and stem != spec else f"e.g. {stem}-4"
-               if f"{stem}-J" in known else "a method of your own joins them once its module is in methods.MODULES")
+               if f"{stem}-J" in known else f"did you mean {near[0]}?" if near else "a method of your own joins them "
+               "once its module is in methods.MODULES and its class states a name of its own (name = ...)")
         raise ValueError(f"unknown router {spec!r}: expected {forms}" + " (J a positive integer)" * ("-J" in forms)
                          + f"; {why}")
     if J is not None and not SIZE[1](J):  # (a size torch cannot hold: an OverflowError deep in torch)

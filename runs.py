@@ -306,6 +306,15 @@ def resume_checkpoint(cls, cfg, given):
     cfg = {**saved, **{k: v for k, v in given.items() if k in free}}
     cfg["stop_at"] = given.get("stop_at", 0)  # where the earlier session stopped is no stop for this one
     finished = (Path(cfg["out_dir"]) / "summary.json").exists()
+    if finished:  # a checkpoint older than the run's end (one restored from a backup): resumed, it would cut the log
+        try:      # back to its step and delete the summary, the finished run lost without a word
+            ended = read_summary(cfg["out_dir"]).get("steps")
+        except DataError:
+            ended = None  # (a summary.json that is not read: nothing to compare with)
+        if of_kind(ended, int) and ckpt["step"] < ended:
+            raise DataError(f"--resume: {path} is of step {ckpt['step']}, before the end of the finished run there "
+                            f"(step {ended}, its summary.json): resuming would replace that run; move summary.json "
+                            "away first to train on from that step")
     if ckpt["step"] > cfg["max_steps"] or (ckpt["step"] == cfg["max_steps"] and finished):
         raise UsageError(f"--resume: the checkpoint is already at max_steps={cfg['max_steps']}; raise --max-steps")
     if 0 < cfg["stop_at"] <= ckpt["step"]:
@@ -660,6 +669,9 @@ def read_checkpoint(out_dir):
             bad = archive.testzip() if any(entry.CRC for entry in archive.infolist()) else None
     except zipfile.BadZipFile as e:  # (torch.load read it all the same)
         raise DataError(f"{path} is damaged ({e})") from None
+    except Exception as e:  # a byte changed in an entry's header: a name that is not UTF-8, an unknown compression
+        raise DataError(f"{path} is damaged: its archive fails a check ({type(e).__name__}; a byte changed on disk "
+                        "or in a copy)") from None
     if bad:
         raise DataError(f"{path} is damaged: its {bad} fails its checksum (a byte changed on disk or in a copy)")
     kinds = dict(model=dict, optimizer=dict, step=int, config=dict)
@@ -781,19 +793,28 @@ def check_optimizer(optimizer, model, where, built, step):
 def load_problem(e):
     """What a failed load_state_dict says is wrong, in one line: its first line only names the model."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith("Error(s) in")]
-    return (lines or [type(e).__name__])[0][:200]
+    first = (lines or [type(e).__name__])[0][:200]
+    # (a name the model has and the file lacks, or the other way: a fork's method renamed or moved a parameter)
+    return first + "; has its method's code changed since?" * first.startswith(("Missing key", "Unexpected key"))
 
 
 def model_from(ckpt, out_dir):
-    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU."""
+    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU. Its config is held to its
+    weights before anything is allocated: a hand-edited n_layer of 100000 is one line, not minutes of building."""
+    path = Path(out_dir) / "ckpt.pt"
     try:
-        model = GPT(GPTConfig.of(ckpt["config"]))
-        check_tensors(ckpt, model, Path(out_dir) / "ckpt.pt")
+        config = GPTConfig.of(ckpt["config"])
+        blocks = {name.split(".")[2] for name in ckpt["model"] if name.startswith("transformer.h.")}
+        if len(blocks) != config.n_layer:
+            raise ValueError(f"n_layer {config.n_layer}, and weights of {len(blocks)} blocks")
+        with torch.device("meta"):  # (shapes checked, nothing allocated: its vocab_size or mlp_hidden may be huge)
+            load_weights(GPT(config), ckpt, path)
+        model = GPT(config)
         model.load_state_dict(ckpt["model"])
     except DataError:
         raise  # (check_tensors': it says what is wrong)
     except Exception as e:  # a file of the right format with the wrong contents
-        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} holds a model its config does not describe "
+        raise DataError(f"{path} holds a model its config does not describe "
                         f"({load_problem(e)})") from None
     return model
 

@@ -523,11 +523,12 @@ def answer_changed(line):
 
 @pytest.mark.parametrize("damage, where", [
     (lambda lines: lines[:4] + [answer_changed(lines[4])] + lines[5:], "line 5 of its train.txt"),
-    (lambda lines: lines[:4] + lines[5:], "line 5 of its train.txt"),  # a line lost
-    (lambda lines: lines + lines[:1], "line 91 of its train.txt")])  # a line too many
+    (lambda lines: lines[:4] + lines[5:], 89),  # a line lost
+    (lambda lines: lines + lines[:1], 91)])  # a line too many
 def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(tmp_path, capsys, damage, where):
     """prepare_data.py used to say 'holds this data already' of a folder whose meta.json names the data asked for,
-    whatever its lines held: it compares them with the data it makes, and says where they differ."""
+    whatever its lines held: it compares them with the data it makes, and says where they differ; lines lost or added
+    whole, every script says so as it reads the folder (here, how many)."""
     folder = tmp_path / "data"
     args = ["arithmetic", "--data-dir", str(folder), "--count=operands", "--tiers=4,5,6", "--train-size", "30",
             "--test-size", "4"]
@@ -536,10 +537,17 @@ def test_data_whose_lines_are_not_what_its_meta_json_names_is_not_the_same_data(
     (folder / "train.txt").write_text("\n".join(damage((folder / "train.txt").read_text().splitlines())) + "\n")
     damaged = {p.name: p.read_bytes() for p in folder.iterdir()}
     err = error_of(prepare_data.main, args, capsys)
-    assert err == f"prepare_data.py: error: {folder} holds other lines than this code makes of the data its " \
-                  "meta.json names, int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier) " \
-                  f"(edited, or made by another version): {where}: give another --data-dir, or --overwrite to " \
-                  "replace it"
+    if isinstance(where, int):
+        assert err == f"prepare_data.py: error: {folder} holds arithmetic data that cannot be read (" \
+                      f"{folder}/train.txt holds {where} lines, not the 90 that its meta.json names: rebuild it " \
+                      f"with `python prepare_data.py arithmetic --data-dir {folder} --field int --count operands " \
+                      "--tiers 4,5,6 --target steps --train-size 30 --test-size 4 --overwrite`): give another " \
+                      "--data-dir, or --overwrite to replace it"
+    else:
+        assert err == f"prepare_data.py: error: {folder} holds other lines than this code makes of the data its " \
+                      "meta.json names, int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier) " \
+                      f"(edited, or made by another version): {where}: give another --data-dir, or --overwrite to " \
+                      "replace it"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == damaged
     prepare_data.main(args + ["--overwrite"])
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == made

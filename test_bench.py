@@ -167,10 +167,16 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
     suite = base + ["--suite"]
     here = f"cpu ({torch.get_num_threads()} threads)"  # this device, under another torch: its figures are kept too
     older = tmp_path / "older.json"
-    older.write_text(json.dumps({**gpu, "device": here, "torch": "1.0.0", "dtype": "float32"}))
+    older.write_text(json.dumps({**gpu, "device": here, "torch": "1.0.0", "dtype": "float32", "compile": "off"}))
+    compiled = tmp_path / "compiled.json"  # this device and torch, its models compiled: not kept beside uncompiled
+    compiled.write_text(json.dumps({**gpu, "device": here, "torch": torch.__version__, "dtype": "float32",
+                                    "compile": "on"}))
     for flags, message in [(quick, "already holds figures: give another file, or --overwrite"),
-                           (suite, "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16: give"),
-                           (suite + ["--json", str(older)], f"holds the suite of {here}, torch 1.0.0, float32: give"),
+                           (suite, "holds the suite of NVIDIA H100 80GB HBM3, torch 2.11.0, bfloat16, compile None: "),
+                           (suite + ["--json", str(older)], f"holds the suite of {here}, torch 1.0.0, float32, compile "
+                                                            "off: give"),
+                           (suite + ["--json", str(compiled)], f"holds the suite of {here}, torch {torch.__version__}, "
+                                                               "float32, compile on: give"),
                            (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")]:
         with pytest.raises(SystemExit) as e:
             bench.main(flags)

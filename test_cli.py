@@ -751,6 +751,13 @@ def flip_a_bit(r):
     write(r / "ckpt.pt", data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
 
 
+def flip_name_byte(data):
+    """A zip archive (ckpt.pt) with a byte of its first entry's name changed (past ASCII): torch.load reads it all the
+    same (it goes by the central directory), and the check of the archive fails on the name."""
+    at = 30 + 1  # a local file header is 30 bytes, then the name
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
 def meta_edit(**changes):
     """The data's meta.json edited by hand: it names another regime than its lines are."""
     return lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()), **changes}))
@@ -852,7 +859,29 @@ DAMAGED = [
                     lambda d, r, t: ["--out-dir", str(r)]), 1, "ckpt.pt is not a file"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].update(n_layer=3)),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
-     'ckpt.pt holds a model its config does not describe (Missing key(s) in state_dict: "transformer.h.2.'),
+     "ckpt.pt holds a model its config does not describe (n_layer 3, and weights of 2 blocks)"),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"].update(  # (a fork renamed its parameter)
+        {"transformer.h.1.attn.router.w": c["model"].pop("transformer.h.1.attn.router.weight")})),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1,
+     ("ckpt.pt holds weights its config does not describe (Missing key(s) in state_dict: \"transformer.h.1.attn.router"
+      ".weight\"", "; has its method's code changed since?)")),
+    ("sample", then(hand_edit(n_layer=100_000), lambda d, r, t: ["--out-dir", str(r)]), 1,  # (not minutes building)
+     "ckpt.pt holds a model its config does not describe (n_layer 100000, and weights of 2 blocks)"),
+    ("analyze", then(hand_edit(mlp_hidden=2**30), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,  # (not 16 GB)
+     ("ckpt.pt holds weights its config does not describe (size mismatch for ", "mlp.c_fc.weight")),
+    ("sample", then(lambda d, r, t: write(r / "ckpt.pt", flip_name_byte((r / "ckpt.pt").read_bytes())),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1,
+     "ckpt.pt is damaged: its archive fails a check (UnicodeDecodeError; a byte changed on disk or in a copy)"),
+    ("sample", then(lambda d, r, t: edit_lines(d / "val_5.txt", lambda lines: lines[:-1]),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,  # (a mean over 9, not 10)
+     ("val_5.txt holds 9 lines, not the 10 that its meta.json names: rebuild it with", "--overwrite`")),
+    ("sample", then(lambda d, r, t: edit_lines(d / "test_4.txt", lambda lines: lines[:1] * 2 + lines[2:]),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,  # (one sample scored twice)
+     "test_4.txt, line 2: not a sample of the task (its expression is line 1's too): rebuild it with"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)),  # (from a backup)
+                   lambda d, r, t: tiny_args(d, r, "--max-steps=8", "--resume")), 1,
+     "ckpt.pt is of step 3, before the end of the finished run there (step 6, its summary.json): resuming would "
+     "replace that run; move summary.json away first to train on from that step"),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step="7")),
                     lambda d, r, t: ["--out-dir", str(r)]), 1,
      "ckpt.pt is not a checkpoint of train.py: its 'step' is of type str, not int"),
@@ -1128,8 +1157,8 @@ DAMAGED = [
     ("prepare_data", then(lambda d, r, t: edit_lines(d / "test_5.txt", lambda lines: lines[:-1]),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--tiers=4,5,6",
                                            "--train-size=100", "--test-size=10"]), 2,
-     ("data holds other lines than this code makes of the data its meta.json names, int-steps, tiers 4,5,6 operands",
-      "line 10 of its test_5.txt")),
+     ("data holds arithmetic data that cannot be read (", "test_5.txt holds 9 lines, not the 10 that its meta.json "
+      "names: rebuild it with", "--overwrite`): give another --data-dir, or --overwrite to replace it")),
     ("prepare_data", then(lambda d, r, t: [p.unlink() for p in d.glob("val_*.txt")],  # (not a folder from before them)
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d), "--count=operands", "--tiers=4,5,6",
                                            "--train-size=100", "--test-size=10"]), 2, "val_4.txt is missing"),

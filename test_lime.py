@@ -604,12 +604,13 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
     assert moved["grad_w"] == 0 and moved["backward"] == sum(6 - j + 2 for j in range(6))
 
 
-OWN = "a method of your own joins them once its module is in methods.MODULES"
+OWN = "a method of your own joins them once its module is in methods.MODULES and its class states a name of its own"
 
 
 @pytest.mark.parametrize("bad, why", [  # (the forms as router_forms writes them, last-J, are not values)
-    ("first-0", "e.g. first-4"), ("last-x", "e.g. last-4"), ("lime2", OWN), ("", OWN), ("last-", "e.g. last-4"),
-    ("first--1", OWN), ("LIME", OWN), ("first-01", "e.g. first-4"), ("last-J", "e.g. last-4"), ("hc-J", "e.g. hc-4"),
+    ("first-0", "e.g. first-4"), ("last-x", "e.g. last-4"), ("lime2", "did you mean lime?"), ("", OWN),
+    ("last-", "e.g. last-4"), ("first--1", "did you mean first-J?"), ("LIME", "did you mean lime?"),
+    ("previous", OWN), ("first-01", "e.g. first-4"), ("last-J", "e.g. last-4"), ("hc-J", "e.g. hc-4"),
     ("lime-4", "lime takes no -J"), ("dwa-2", "dwa takes no -J"), ("last", "e.g. last-4"),
     ("hc-static-0", "e.g. hc-static-4")])
 def test_bad_router_strings(bad, why):

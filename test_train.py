@@ -846,24 +846,24 @@ def test_a_run_another_process_writes_while_this_one_starts_is_refused_and_kept(
 def test_a_resume_whose_checkpoint_another_process_replaced_as_it_was_read_is_refused(answer_dir, whole_run, tmp_path,
                                                                                       capsys, monkeypatch):
     """What the run's checks saw is recorded before they read the folder, not after: a --resume loads the checkpoint
-    first (seconds for a large model), and another process that finished the run meanwhile was taken as seen, so the
-    resume went on from the older checkpoint, over the finished run (its summary deleted, its log cut)."""
+    first (seconds for a large model), and another process that trained the run on meanwhile was taken as seen, so
+    the resume went on from the older checkpoint, over the newer one (its log cut). (A summary.json written meanwhile
+    is refused sooner: a checkpoint before the end of a finished run is not resumed.)"""
     run = tmp_path / "run"
     train.main(tiny_args(answer_dir, run, "--stop-at=6"))
     read_checkpoint = runs.read_checkpoint
 
-    def finished_meanwhile(*args, **kwargs):  # (another process ends the run as this one loads step 6's checkpoint)
+    def trained_on_meanwhile(*args, **kwargs):  # (another process saves step 12 as this one loads step 6's checkpoint)
         ckpt = read_checkpoint(*args, **kwargs)
-        for name in ("ckpt.pt", "log.jsonl", "summary.json"):
+        for name in ("ckpt.pt", "log.jsonl"):
             shutil.copy(whole_run / name, run / name)
         return ckpt
 
-    monkeypatch.setattr(runs, "read_checkpoint", finished_meanwhile)
+    monkeypatch.setattr(runs, "read_checkpoint", trained_on_meanwhile)
     err = error_of(train.main, tiny_args(answer_dir, run, "--resume"), capsys)
-    assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl, summary.json there while this "
-                   "run was starting: nothing was written there; give the command again to see what is there now")
-    assert all((run / name).read_bytes() == (whole_run / name).read_bytes()
-               for name in ("ckpt.pt", "log.jsonl", "summary.json"))
+    assert err == (f"train.py: error: {run}: another process wrote ckpt.pt, log.jsonl there while this run was "
+                   "starting: nothing was written there; give the command again to see what is there now")
+    assert all((run / name).read_bytes() == (whole_run / name).read_bytes() for name in ("ckpt.pt", "log.jsonl"))
 
 
 def test_an_empty_pruning_mask_prunes_nothing_where_there_is_nothing_to_prune(tmp_path):
