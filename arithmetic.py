@@ -334,7 +334,9 @@ UNFINISHED = "unfinished"  # there while prepare() writes a folder: one without 
 
 def regime(meta):
     """What makes a folder's data what it is: the task, and the generator's seed and sizes (where known)."""
-    sizes = {k: meta[k] for k in SIZES} if all(k in meta for k in SIZES) else {}  # (an old run's: none)
+    sizes = {k: meta[k] for k in SIZES if k in meta}  # (an old run's: none)
+    if sizes and len(sizes) < len(SIZES):  # some, not all: a key lost, and the regime no longer compared at all
+        raise DataError(f"it has no {next(k for k in SIZES if k not in sizes)!r}")
     for k, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise DataError(f"its {k!r} is {v!r}, not a whole number")

@@ -516,6 +516,16 @@ def test_a_meta_json_whose_seed_or_sizes_are_not_whole_numbers_is_damaged(tmp_pa
                                    "number): rebuild it with `python prepare_data.py arithmetic --data-dir ")
 
 
+def test_a_meta_json_that_lost_one_of_its_sizes_is_damaged(tmp_path):
+    """Not read as a folder from before the sizes were kept (whose regime is compared without them)."""
+    arithmetic.prepare(tmp_path, arithmetic.Task(tiers=(2,)), seed=0, train_size=5, test_size=2)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    del meta["seed"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'meta.json'} is damaged (it has no 'seed')")):
+        arithmetic.load(tmp_path)
+
+
 def answer_changed(line):
     expr, answer = line.rsplit(" ", 1)
     return f"{expr} {int(answer) % 999 + 1}"  # (another number of the task's)
