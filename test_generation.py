@@ -39,8 +39,9 @@ def test_generate_sampling_and_length_check():
         generate(model, tokens(T=30), 5)
     with pytest.raises(ValueError, match="top_k=0"):
         generate(model, tokens(T=4), 2, top_k=0)
-    with pytest.raises(ValueError, match="temperature=-1"):
-        generate(model, tokens(T=4), 2, temperature=-1)
+    for temperature in (-1, float("nan")):  # (NaN: no number at all, not a temperature of 0 or more)
+        with pytest.raises(ValueError, match=f"temperature={temperature}: 0 .greedy. or more"):
+            generate(model, tokens(T=4), 2, temperature=temperature)
 
 
 class Counter:

@@ -1,22 +1,26 @@
 """Generation and evaluation from a checkpoint (sample.py)."""
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import tiktoken
 import torch
 
 import arithmetic
 import cli
 import prepare_data
+import prosqa
 import runs
 import sample
 from generation import generate
-from conftest import edit_checkpoint, error_of, snapshot
+from conftest import edit_checkpoint, error_of, prosqa_files, small_encoding, snapshot
 from data import write_shard
 
 def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
@@ -72,6 +76,60 @@ def test_sample_given_expression_reports_the_verdict(arith_run, capsys):
     sample.main(["--out-dir", str(arith_run), "--start", "( 7 + 5 ) / 3", "--num-samples", "1"])
     line = capsys.readouterr().out.strip()
     assert line.startswith("( 7 + 5 ) / 3 = ") and ("[right]" in line or "the answer is 4]" in line)
+
+
+def test_a_tasks_line_shows_and_judges_what_comes_before_its_stop_token(arith_run, tmp_path, offline_gpt2, capsys,
+                                                                          monkeypatch):
+    """A task's generation ends with its stop token (arithmetic's <eos>, ProsQA's end of text): the line shows what
+    comes before it, and the verdict judges that. A ProsQA prompt is as in training: end of text, the question and a
+    newline. (The model's generation is given here: the right one, and its stop token.)"""
+    asked = []
+
+    def generating(continuation):
+        def generate_(model, idx, max_new_tokens, **kwargs):
+            asked.append(idx[0].tolist())
+            return torch.tensor([idx[0].tolist() + continuation])
+        monkeypatch.setattr(sample, "generate", generate_)
+
+    args = argparse.Namespace(temperature=0.0, top_k=None, num_samples=1, max_new_tokens=200, seed=0)
+    cfg, model = runs.load_checkpoint(arith_run, "cpu")
+    codec = sample.Codec(cfg)
+    args.start, solution = codec.splits["test_4"][0].split(" = ", 1)  # a test line: its expression, its solution
+    generating(codec.vocab.encode(solution) + [codec.stop])
+    list(sample.samples(model, codec, args, "cpu", contextlib.nullcontext()))
+    assert capsys.readouterr().out.startswith(f"{args.start} = {solution}   [right] (")
+    for name, content in prosqa_files().items():
+        (tmp_path / name).write_bytes(content)
+    codec = sample.Codec(SimpleNamespace(data="prosqa", data_dir=str(tmp_path)))
+    record = json.loads((tmp_path / "prosqa_test.json").read_text())[0]
+    question, completion = prosqa.texts(record)
+    generating(offline_gpt2.encode_ordinary(completion) + [codec.stop])
+    args.start = record["question"]
+    list(sample.samples(SimpleNamespace(config=model.config), codec, args, "cpu", contextlib.nullcontext()))
+    assert asked[-1] == [offline_gpt2.eot_token] + offline_gpt2.encode_ordinary(question)
+    assert capsys.readouterr().out.startswith(f"{record['question']}\n{completion}\n--- [right] (")
+
+
+def test_prosqa_test_questions_are_drawn_by_the_seed(tmp_path, offline_gpt2):
+    """Without --start, a ProsQA run answers test questions drawn by --seed: the same seed, the same ones; another
+    seed, others; more than the split holds, each of its questions once."""
+    for name, content in prosqa_files().items():
+        (tmp_path / name).write_bytes(content)
+    codec = sample.Codec(SimpleNamespace(data="prosqa", data_dir=str(tmp_path)))
+    drawn = [sample.prompts(argparse.Namespace(start=None, seed=seed), codec, 2) for seed in (0, 0, 1)]
+    assert drawn[0] == drawn[1] != drawn[2] and len(drawn[0]) == 2 and set(drawn[0] + drawn[2]) <= set(codec.answers)
+    assert sorted(sample.prompts(argparse.Namespace(start=None, seed=0), codec, 10)) == sorted(codec.answers)
+
+
+def test_a_prompt_token_the_model_cannot_look_up_is_one_line(language_run, capsys, monkeypatch):
+    """The model's embedding holds token ids 0 .. vocab_size - 1: a prompt token of id vocab_size itself (320, here
+    a tokenizer whose end of text comes after the model's vocabulary) is refused in one line, not looked up."""
+    base = small_encoding()
+    past = tiktoken.Encoding(name="past", pat_str=base._pat_str, mergeable_ranks=base._mergeable_ranks,
+                             special_tokens={"<|endoftext|>": 320})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: past)
+    err = error_of(sample.main, ["--out-dir", str(language_run), "--start", "To be<|endoftext|>"], capsys)
+    assert err == "sample.py: error: token 320 is outside the model's vocabulary of 320"
 
 
 def test_sample_eval_matches_train(arith_run, language_run, capsys):
@@ -160,6 +218,8 @@ def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path
 
 @pytest.mark.parametrize("args, message", [
     (["--start", ""], "--start is empty"),
+    (["--start", " \n"], "--start is empty"),  # (blank: no text either)
+    (["--max-new-tokens", "0"], "--num-samples and --max-new-tokens must be positive"),
     (["--start", "1 + " * 40 + "1"], "the prompt is 82 tokens; the model's block size is 64"),
     (["--start", "1 + " * 31 + "1"], "the prompt is 64 tokens; the model's block size is 64"),  # no room for one more
     (["--start", "7 / 2"], "7 / 2 does not give a whole number"),

@@ -22,7 +22,8 @@ import cli
 import methods
 import runs
 import train
-from conftest import assert_same_run, error_of, read_log, small_model, snapshot, tiny_args, train_losses
+from conftest import (assert_same_run, edit_checkpoint, error_of, read_log, small_model, snapshot, tiny_args,
+                      train_losses)
 from data import write_shard
 from cli import option
 from lime import GPT, GPTConfig
@@ -224,6 +225,7 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
         err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
     assert err == "train.py: error: another process of this run is gone or not answering (gloo: Connection closed " \
                   f"by peer [127.0.0.1]:61068): checkpoint at step 7 in {out}; continue with --resume"
+    assert runs.read_checkpoint(out)["step"] == 7  # what the line says (not step 6's, of the last evaluation)
     undo()
     train.main(tiny_args(answer_dir, out, "--resume"))  # (as a plain run, here)
     assert_same_run(out, whole_run)
@@ -232,6 +234,8 @@ def test_a_process_of_the_run_gone_leaves_a_checkpoint_of_the_last_step_and_one_
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         run.lost_peer("gloo: Connection closed by peer", 7)
+    run.log(step=7, loss=1.0)  # nor does it write a log row or a summary, ever: rank 0 writes the run's files
+    run.finish(dict(router="lime", steps=7))
     assert e.value.code == 1 and capsys.readouterr() == ("", "") and not (tmp_path / "other").exists()
     for rank, said in (("1", ""), ("0", "x.py: error: another process of this run is gone or not answering "
                                         "(gloo: Connection closed by peer [127.0.0.1]:61068)\n")):  # (outside the
@@ -267,12 +271,34 @@ def test_a_process_gone_at_the_logged_loss_leaves_the_step_before_it(answer_dir,
     assert_same_run(out, whole_run)
 
 
+def test_under_torchrun_gradients_are_averaged_once_a_step_at_its_last_micro_step(answer_dir, tmp_path, monkeypatch):
+    """DDP averages the gradients over the processes in a micro-step's backward unless inside no_sync(): of a step's
+    2 micro-steps the first runs inside it and the last does not, so that the update takes the sum of every
+    micro-step's gradient averaged over every process (averaged at the first, the last one's stayed each process's
+    own). A process group of one (gloo, in this process), whose DDP forward says whether its backward averages."""
+    synced, forward = [], torch.nn.parallel.DistributedDataParallel.forward
+
+    def spy(self, *args, **kwargs):
+        synced.append(self.require_backward_grad_sync)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "forward", spy)
+    with a_group_of_one():
+        train.main(tiny_args(answer_dir, tmp_path / "run", "--max-steps=2", "--eval-interval=2"))
+    assert synced == [False, True] * 2  # (evaluation runs the module DDP wraps, not DDP)
+
+
 def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
+    """Another router, or a file that is no checkpoint, is refused and the run's files kept; so is a checkpoint of
+    the first step whose optimiser state holds no moments (it would go on with fresh ones, as from step 0)."""
     out = tmp_path / "run"
-    train.main(tiny_args(answer_dir, out, "--stop-at=2"))
+    train.main(tiny_args(answer_dir, out, "--stop-at=1"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "was trained with router='lime' (not 'none')" in error_of(
         train.main, tiny_args(answer_dir, out, "--router=none", "--resume"), capsys)
+    edit_checkpoint(out, lambda ckpt: ckpt["optimizer"].update(state={}))
+    assert error_of(train.main, tiny_args(answer_dir, out, "--resume"), capsys, code=1) == \
+        f"train.py: error: --resume: {out / 'ckpt.pt'} is damaged: its optimiser state holds no moments, at step 1"
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert "--resume: " + str(out / "ckpt.pt") + " is not a checkpoint of train.py" in error_of(
         train.main, tiny_args(answer_dir, out, "--resume"), capsys, code=1)
@@ -295,6 +321,9 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(answer_dir, tmp_path, monkeypatch, capsys):
+    """A training loss that is not finite (from step 9 on) stops the run at that step, before its row is logged, and
+    the checkpoint of step 6 stays; a validation loss that is not finite stops it before that evaluation's checkpoint
+    is saved (a model that diverged is never saved over the last good one)."""
     out = tmp_path / "run"
     real_forward = GPT.forward
     calls = []
@@ -308,11 +337,17 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(answer_dir, tmp_path,
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", forward)
-    with pytest.raises(SystemExit) as e:
-        train.main(tiny_args(answer_dir, out))
-    assert e.value.code == 1 and f"the checkpoint of step 6 stays in {out}" in capsys.readouterr().err
-    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6
+    assert error_of(train.main, tiny_args(answer_dir, out), capsys, code=1) == "train.py: error: training loss is " \
+        f"nan at step 9; stopping: the checkpoint of step 6 stays in {out} (lower --lr?)"
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 6 and max(train_losses(out)) == 8
     assert not (out / "summary.json").exists()
+    monkeypatch.undo()
+    real_evaluate = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *args, **kw: {**real_evaluate(*args, **kw), "val_loss": math.nan})
+    out = tmp_path / "diverged"
+    assert error_of(train.main, tiny_args(answer_dir, out), capsys, code=1) == "train.py: error: validation loss is " \
+        "nan at step 6; stopping: no checkpoint was written (lower --lr?)"
+    assert not (out / "ckpt.pt").exists() and max(train_losses(out)) == 6
 
 
 def test_a_run_that_diverges_before_its_first_checkpoint_says_so(tmp_path, capsys):
@@ -417,12 +452,12 @@ def test_the_eta_is_in_seconds_then_minutes_then_hours():
 def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_dir, tmp_path, monkeypatch):
     """Batch 8 as 2 micro-steps of 4: each micro-step draws rows of its own, the loss a step logs and backpropagates
     is the mean over them (each micro-step's loss / 2), and every parameter group steps at the schedule's rate times
-    its scale (the router's: --router-lr / --lr)."""
+    its scale (the router's: --router-lr / --lr), with the --eps given."""
     real_batch, batches = arithmetic.Data.batch, []
     monkeypatch.setattr(arithmetic.Data, "batch", lambda self, rng, n: batches.append(real_batch(self, rng, n)) or
                         batches[-1])
     out = tmp_path / "run"
-    train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1", "--log-interval=5"))
+    train.main(tiny_args(answer_dir, out, "--max-steps=1", "--eval-interval=1", "--log-interval=5", "--eps=1e-6"))
     assert len(batches) == 2 and not torch.equal(batches[0][0], batches[1][0])
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     cfg = train.TrainConfig(**ckpt["config"])
@@ -432,6 +467,7 @@ def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_di
     # the last step is logged, off the --log-interval too, with the rate it stepped at (the first: of step 0)
     assert [r["lr"] for r in read_log(out) if "loss" in r] == [train.learning_rate(0, cfg)]
     rates = {g["lr_scale"]: g["lr"] for g in ckpt["optimizer"]["param_groups"]}
+    assert {g["eps"] for g in ckpt["optimizer"]["param_groups"]} == {1e-6}  # AdamW's, as given (not its own 1e-8)
     assert rates == pytest.approx({1.0: train.learning_rate(0, cfg), cfg.router_lr / cfg.lr:
                                    train.learning_rate(0, cfg) * cfg.router_lr / cfg.lr})
 
@@ -696,18 +732,24 @@ def test_a_closed_output_stops_the_run_with_a_checkpoint(closed_output_runs, ctr
         assert max(train_losses(out)) == step
 
 
-def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(arith_dir, arith_run, tmp_path, capsys):
+def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(answer_dir, tmp_path, capsys):
+    """The last step is evaluated, the test split too, whether or not --eval-interval divides it (5 steps, every 6);
+    a signal during that evaluation leaves its checkpoint and no summary.json: --resume takes no step, evaluates it
+    again, to the same log row and summary, and then the run is finished."""
     run = tmp_path / "cut"
-    shutil.copytree(arith_run, run)
+    train.main(tiny_args(answer_dir, run, "--max-steps=5"))
+    log, old = read_log(run), json.loads((run / "summary.json").read_text())
+    assert [r["step"] for r in log if "val_loss" in r] == [5] and "acc_3" in log[-1]
     (run / "summary.json").unlink()  # as when a signal came during the last evaluation: ckpt at max_steps, no summary
-    train.main(tiny_args(arith_dir, run, "--resume", "--max-steps=6"))
-    old, new = (json.loads((d / "summary.json").read_text()) for d in (arith_run, run))
-    assert {k: new[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")} == \
-        {k: old[k] for k in ("steps", "val_loss", "acc_4", "val_acc_6")}
+    capsys.readouterr()
+    train.main(tiny_args(answer_dir, run, "--max-steps=5", "--resume"))
+    new = json.loads((run / "summary.json").read_text())
+    assert {k: new[k] for k in ("steps", "val_loss", "acc_2", "acc_3", "val_acc_3")} == \
+        {k: old[k] for k in ("steps", "val_loss", "acc_2", "acc_3", "val_acc_3")}
     assert "step 1/" not in capsys.readouterr().out  # no training step was taken
-    assert read_log(run) == read_log(arith_run)  # the loss of step 6 kept, its evaluation done again, to the same row
-    err = error_of(train.main, tiny_args(arith_dir, run, "--resume", "--max-steps=6"), capsys)  # finished now
-    assert "already at max_steps=6" in err
+    assert read_log(run) == log  # the loss of step 5 kept, its evaluation done again, to the same row
+    err = error_of(train.main, tiny_args(answer_dir, run, "--max-steps=5", "--resume"), capsys)  # finished now
+    assert "already at max_steps=5" in err
 
 
 def router_state(ckpt, name):
@@ -759,7 +801,7 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
     name = "transformer.h.1.attn.router.weight"
     keep = ckpt["router_mask"][name]
-    assert 0 < (~keep).sum() < keep.numel()
+    assert 0 < (~keep).sum() < keep.numel() and ckpt["pruned_at"] == 2  # (the session before pruned it)
     said = f"{int((~keep).sum())} of 8 router weights were pruned: they stay zero"
     assert said in capsys.readouterr().out
     train.main(tiny_args(answer_dir, tmp_path / "fine", f"--init-from={parts}", "--max-steps=1", "--eval-interval=1"))
@@ -773,13 +815,14 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
 
 def test_a_run_from_init_from_resumes_with_the_command_that_started_it(answer_dir, whole_run, tmp_path, capsys):
     """Stopped, a run that --init-from started says "continue with --resume": the same command with --resume added
-    goes on as if uninterrupted (--init-from names the run's own start); another --init-from is refused."""
+    goes on as if uninterrupted (--init-from names the run's own start, by any name of that folder: here with a
+    trailing slash); another --init-from is refused."""
     start = [f"--init-from={whole_run}", "--max-steps=4", "--eval-interval=2"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train.main(tiny_args(answer_dir, whole, *start))
     train.main(tiny_args(answer_dir, parts, *start, "--stop-at=2"))
     assert "continue with --resume" in capsys.readouterr().out
-    train.main(tiny_args(answer_dir, parts, *start, "--resume", "--max-steps=4"))
+    train.main(tiny_args(answer_dir, parts, f"--init-from={whole_run}/", *start[1:], "--resume"))
     assert_same_run(parts, whole)
     again = tiny_args(answer_dir, parts, f"--init-from={whole}", "--resume", "--max-steps=5")
     err = error_of(train.main, again, capsys)
@@ -938,6 +981,8 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     train.main(["--out-dir", str(short), "--resume", "--dry-run"])  # its steps are known: no word of epochs
     printed = capsys.readouterr().out
     assert '"max_steps": 13' in printed.splitlines()[0] and printed.endswith("nothing was written)\n")
+    err = error_of(train.main, ["--out-dir", str(short), "--resume", "--stop-at=14", "--dry-run"], capsys)
+    assert err == "train.py: error: --stop-at=14 is past the last step (max_steps=13)"  # checked in steps, as known
     train.main(["--out-dir", str(short), "--resume", "--max-steps=6"])
     evals = [r for r in read_log(short) if "val_loss" in r]
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
