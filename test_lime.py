@@ -224,14 +224,20 @@ def routed_model(mode, **kw):
 
 def run_routing(model, idx, reference, autocast=False, block=None):
     """Logits and every parameter's gradient, through the fast or the reference routing; with
-    `block`, the backward starts from that block's output instead of the loss."""
+    `block`, the backward starts from that block's output instead of the loss. The reference routing routes every
+    layer through route_reference itself (not the fast path's own per-source sums, which it would then equal)."""
     model.reference_routing = reference
     model.zero_grad()
-    out = {}
-    hook = block is not None and model.transformer.h[block].register_forward_hook(lambda m, i, o: out.update(x=o))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        logits, loss = model(idx, idx)
-    (out["x"].square().sum() if hook else loss).backward()
+    out, specified, spec = [], [], lime.route_reference
+    hook = block is not None and model.transformer.h[block].register_forward_hook(lambda m, i, o: out.append(o))
+    lime.route_reference = lambda *args: specified.append(None) or spec(*args)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits, loss = model(idx, idx)
+    finally:
+        lime.route_reference = spec
+    assert not reference or len(specified) == len(model.routers)
+    (out[0].square().sum() if hook else loss).backward()
     if hook:
         hook.remove()
     model.reference_routing = False
@@ -1071,6 +1077,17 @@ def test_a_parameter_torch_cannot_see_is_an_error(scratch_registry):
 
     assert small_model("test-seen-gains").num_params()["residual"] == 12
 
+    class Bare(lime.Residual):  # a tensor that requires grad, held as an attribute: no nn.Parameter, so no state
+        name = "test-bare-tensor"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.scale = torch.ones((), requires_grad=True)
+
+    with pytest.raises(ValueError, match=re.escape("Bare.scale holds a parameter that torch does not see, in a "
+                                                   "Tensor")):
+        small_model("test-bare-tensor")
+
 
 def test_a_torch_layer_in_a_method_keeps_its_own_initial_values(scratch_registry):
     """nn.MultiheadAttention sets its weights as it is built, as nn.Linear does, but in _reset_parameters (no
@@ -1114,6 +1131,8 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
         methods.router_forms(pruning.prunable)
     Quads.probe = classmethod(lambda cls: cls(small_config("none", n_kv_head=4), 2))  # what the error asks for
     assert "test-quads" in re.split(", | or ", methods.router_forms(pruning.prunable))
+    # the probe's J is a name's default, else 2: last-J's probe reads the 2 most recent layers of 3
+    assert ablations.Last.probe().sources == [1, 2] and lime.LIMe.probe().sources == [0, 1, 2]
 
 
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
@@ -1135,6 +1154,9 @@ def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_reg
     assert not (tmp_path / "run").exists()
     Twice.source_layers = lambda self, layer, J: [layer - J, layer]  # a layer before 0
     with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [-1, 1]: it must list distinct")):
+        small_model("test-twice-2")
+    Twice.source_layers = lambda self, layer, J: list(range(layer))  # the layers before it, not itself
+    with pytest.raises(ValueError, match=re.escape("Twice.source_layers(1, 2) gave [0]: it must list distinct")):
         small_model("test-twice-2")
 
 

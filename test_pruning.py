@@ -77,3 +77,24 @@ def test_top_p_at_its_edges():
     mask = pruning.prune_routers(model, 1.0, earlier)  # p = 1 alone keeps every weight
     assert mask[name].flatten().tolist() == [False] + [True] * 7
     assert torch.equal(model.routers[1].weight, w * mask[name])
+
+
+def test_masking_zeroes_a_pruned_weight_its_gradient_and_its_moments():
+    """mask_routers, as train.py calls it after a pruning: each dropped weight, its gradient and its AdamW moments
+    back to exactly zero, so that the next step leaves it at zero (AdamW's step count, no tensor of the weight's
+    shape, stays)."""
+    model, idx = small_model("lime", n_layer=2), tokens()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    model(idx, idx)[1].backward()
+    opt.step()  # AdamW's moments
+    model(idx, idx)[1].backward()  # and a gradient not yet stepped
+    w = model.routers[1].weight
+    mask = pruning.prune_routers(model, 0.5)
+    dropped = ~mask["transformer.h.1.attn.router.weight"]
+    assert dropped.any() and w.grad[dropped].all()
+    pruning.mask_routers(model, mask, opt)
+    for t in (w, w.grad, opt.state[w]["exp_avg"], opt.state[w]["exp_avg_sq"]):
+        assert not t[dropped].any()
+    assert opt.state[w]["step"] == 1
+    opt.step()
+    assert not w[dropped].any() and w[~dropped].all()
