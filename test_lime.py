@@ -900,6 +900,13 @@ def test_a_name_no_command_can_select_alone_is_an_error(scratch_registry, name, 
         type("Named", (lime.Residual,), {"name": name})
 
 
+def test_a_j_name_with_a_default_after_its_plain_name_is_an_error(scratch_registry):
+    """The other order: 'test-x' first, then 'test-x-J' with a default J, which --router=test-x would also name."""
+    type("Plain", (lime.LIMe,), {"name": "test-x"})
+    with pytest.raises(TypeError, match=re.escape("--router=test-x would name both ")):
+        type("WithJ", (lime.LIMe,), {"name": "test-x-J", "J": 4})
+
+
 def test_a_router_is_one_class(previous_router, answer_dir, tmp_path, capsys):
     """Everything the class does not say is derived from what it says, and the scripts' own code
     trains, evaluates, prunes and benchmarks it."""
