@@ -43,14 +43,20 @@ def commands(monkeypatch):
     return started
 
 
-def test_bench_fresh_process_per_mode(tmp_path, capsys, commands):
-    """What CUDA does: each mode alone in a fresh process (here the process runs in this one, for time)."""
+def test_bench_fresh_process_per_mode(tmp_path, capsys, monkeypatch, commands):
+    """What CUDA does: each mode alone in a fresh process (here the process runs in this one, for time), at each
+    depth of --depths its own."""
     path = tmp_path / "bench.json"
-    bench.main(["--device", "cpu", "--routers", "lime,none", "--n-layer", "2", "--block-size", "8", "--batch-size", "1",
-                "--steps", "1", "--gen-repeats", "0", "--fresh-processes", "--json", str(path)])
-    assert [c[:2] for c in commands] == [[sys.executable, str(Path(bench.__file__).resolve())]] * 2
-    assert [c[-6:-4] for c in commands] == [["--routers", "lime"], ["--routers", "none"]]
-    rows = json.loads(path.read_text())["runs"][0]["results"]
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=3, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=4, batch_size=2))
+    bench.main(["--device", "cpu", "--shape", "t", "--routers", "lime,none", "--n-layer", "2", "--block-size", "8",
+                "--batch-size", "1", "--steps", "1", "--gen-repeats", "0", "--fresh-processes", "--depths", "1",
+                "--json", str(path)])
+    assert [c[:2] for c in commands] == [[sys.executable, str(Path(bench.__file__).resolve())]] * 4
+    assert [c[-6:-2] for c in commands] == [["--routers", r, "--n-layer", n] for n in "21" for r in ("lime", "none")]
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["params"] for r in runs[1]["results"]] < [r["params"] for r in runs[0]["results"]]  # (1 layer, not 2)
+    rows = runs[0]["results"]
     assert [r["router"] for r in rows] == ["lime", "none"]
     assert rows[0]["step_ratio"] == pytest.approx(rows[0]["ms_per_step"] / rows[1]["ms_per_step"])  # to none
     assert rows[0]["gen_tokens_per_s"] is None
@@ -93,6 +99,42 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     assert json.loads(path.read_text())["suite"][0]["tiles"] is None
 
 
+def test_bench_a_mode_whose_process_fails_is_one_line(tmp_path, capsys, monkeypatch):
+    """A mode's fresh process that fails (its exit code not 0: killed for memory, say) is one line, exit 1, and no
+    figures written, even where it wrote its own before it failed."""
+    def fails(cmd):
+        Path(cmd[-1]).write_text(json.dumps([{"router": "lime"}]))
+        return subprocess.CompletedProcess(cmd, 137)
+
+    monkeypatch.setattr(bench.subprocess, "run", fails)
+    path = tmp_path / "bench.json"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device", "cpu", "--routers", "lime", "--fresh-processes", "--json", str(path)])
+    assert (e.value.code, capsys.readouterr().err) == (1, "bench.py: error: the lime process failed (exit code 137); "
+                                                          "its output is above\n")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(bench, "measure", lambda *args: (_ for _ in ()).throw(RuntimeError("a fault\nits details")))
+    with pytest.raises(SystemExit) as e:  # (the modes in this process: torch's own error, its first line)
+        bench.main(["--device", "cpu", "--routers", "lime", "--json", str(path)])
+    assert (e.value.code, capsys.readouterr().err) == (1, "bench.py: error: a fault\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_compiled_models_run_each_alone_with_exact_ratios(capsys, monkeypatch):
+    """--compile on, on a CPU too: each mode alone in its own process, as on CUDA; the ratios are each mode's figure
+    over none's, whichever comes first."""
+    def alone(router, shape, args, argv):
+        ms, memory = dict(lime=3.0, none=2.0, hc=5.0)[router], dict(lime=10, none=8, hc=6)[router]
+        return dict(router=router, ms_per_step=ms, tokens_per_s=1.0, memory_bytes=memory, gen_tokens_per_s=None,
+                    mfu=None)
+
+    monkeypatch.setattr(bench, "measure_alone", alone)
+    out = bench.main(["--device", "cpu", "--compile", "on", "--routers", "lime,none,hc", "--n-layer", "2"])
+    assert [(r["router"], r["step_ratio"], r["memory_ratio"]) for r in out["runs"][0]["results"]] == [
+        ("lime", 1.5, 1.25), ("none", 1.0, 1.0), ("hc", 2.5, 0.75)]
+    assert "; each mode in its own process" in capsys.readouterr().out
+
+
 def test_bench_kernels_times_the_routing_op(tmp_path, capsys):
     """--kernels: the op alone for lime's first, middle and last layer, with the slots each moves."""
     path = tmp_path / "kernels.json"
@@ -123,6 +165,7 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, c
     for p in profiles.values():
         assert {"matmul", "attention", "optimizer"} <= set(p["kinds"])
         assert sum(ms for ms, _ in p["kinds"].values()) == pytest.approx(p["busy_ms"])
+        assert "unattributed" not in p["kinds"]  # (a CPU's busy time is its ops' own: each tied to one)
     assert "routing" not in profiles["none"]["kinds"] and profiles["lime"]["kinds"]["routing"][0] > 0
     assert profiles["lime"]["kinds"]["matmul"][1] == profiles["none"]["kinds"]["matmul"][1]  # the same calls
     assert "where a step's time goes" in capsys.readouterr().out
@@ -131,8 +174,24 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, c
         "_route_bwd", "pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits>", "nvjet_tst_192x192_64x4_2x1_v_bz_TNT",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
         "Memcpy DtoD (Device -> Device)", "triton_poi_fused_cat_stack_3", "triton_red_fused__log_softmax_2",
-        "aten::scaled_dot_product_attention", "aten::mm"]] == [
-        "routing", "attention", "matmul", "matmul", "optimizer", "copies", "copies", None, "attention", "matmul"]
+        "aten::scaled_dot_product_attention", "aten::mm", "fmha_cutlassF_f32_aligned_64x64_rf_sm80"]] == [
+        "routing", "attention", "matmul", "matmul", "optimizer", "copies", "copies", None, "attention", "matmul",
+        "attention"]  # (memory-efficient attention's kernel: cutlass in its name too)
+
+
+def test_bench_suite_keeps_a_part_by_its_shape_too(tmp_path, capsys, monkeypatch):
+    """A part of --suite is kept by its name, shape and what it times both: the routing op timed at one shape is not
+    kept for another's (the README's suite times it at 150m and at 1b)."""
+    tiny = dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16, vocab_size=32, block_size=8, batch_size=1)
+    monkeypatch.setitem(bench.SHAPES, "t1", tiny)
+    monkeypatch.setitem(bench.SHAPES, "t2", {**tiny, "n_layer": 3})
+    monkeypatch.setattr(bench, "SUITE", [("t1", "kernels")])
+    argv = ["--device", "cpu", "--suite", "--steps", "1", "--json", str(tmp_path / "suite.json")]
+    first = bench.main(argv)["suite"]
+    monkeypatch.setattr(bench, "SUITE", [("t1", "kernels"), ("t2", "kernels")])
+    again = bench.main(argv)["suite"]
+    assert again[0] == json.loads(json.dumps(first[0])) and "t1: kernels: kept from" in capsys.readouterr().out
+    assert again[1]["part"] == "t2: kernels" and again[1]["kernels"][-1]["op"] == "backward, layer 2"  # (t2's)
 
 
 def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypatch, capsys):
@@ -182,6 +241,8 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
             bench.main(flags)
         assert e.value.code == 2 and message in capsys.readouterr().err
     assert json.loads(held.read_text()) == gpu
+    assert bench.main(suite + ["--overwrite"])["device"] == here  # --suite too: not gone on from (replaced part by
+    # part as they are timed: none here)
     bench.main(quick + ["--overwrite"])
     assert json.loads(held.read_text())["runs"][0]["results"][0]["router"] == "none"
 
@@ -208,13 +269,33 @@ def test_bench_keeps_figures_another_process_wrote_while_it_ran(tmp_path, capsys
         assert json.loads(path.read_text()) == {"theirs": "x" * len(str(flags))}
 
 
+def test_bench_defaults_follow_the_device(monkeypatch):
+    """A flag left out: on a CPU the cpu shape, 5 timed steps after 1 untimed, nothing compiled; compiled (--compile
+    on), 3 untimed; on CUDA the 150m shape, compiled, 10 steps after 3. A generation that just fits its block is
+    taken."""
+    args, shape = bench.parse_args(["--device", "cpu"])
+    assert (args.shape, args.steps, args.warmup, args.compile, shape) == ("cpu", 5, 1, "off", bench.SHAPES["cpu"])
+    assert bench.parse_args(["--device", "cpu", "--compile", "on"])[0].warmup == 3
+    assert bench.parse_args(["--device", "cpu", "--block-size", "4", "--gen-tokens", "2"])[1]["block_size"] == 4
+    monkeypatch.setattr(bench, "pick_device", lambda name: "cuda")  # (no GPU needed: only the flags are read)
+    args, shape = bench.parse_args([])
+    assert (args.shape, args.steps, args.warmup, args.compile, shape) == ("150m", 10, 3, "on", bench.SHAPES["150m"])
+    assert bench.parse_args(["--compile", "off"])[0].warmup == 1
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--routers", ""], "--routers names no router"),
     (["--routers", ","], "--routers names no router"),
     (["--routers", "none,lime2"], "unknown router 'lime2'"),
     (["--steps", "0"], "--steps must be at least 1"),
+    (["--warmup", "-1"], "--warmup must be 0 or more"),
     (["--gen-repeats", "-1"], "--gen-repeats must be 0 or more"),
+    (["--gen-tokens", "0"], "--gen-tokens must be at least 1"),
     (["--block-size", "1"], "--block-size must be at least 2"),
+    (["--block-size", "4", "--gen-tokens", "3"], "--gen-tokens=3 does not fit after a prompt of half the block of 4"),
+    (["--depths", "2,0"], "--n-layer, --batch-size and --depths must be at least 1"),
+    (["--depths", f"2,{2**31}"], "--n-layer, --batch-size, --block-size and --depths must be in 1 .. 2**31 - 1"),
+    (["--kernels", "--gen-repeats", "0"], "--kernels times the op alone, no model: not with --gen-repeats"),
     (["--device", "foo"], "--device='foo'"),
     (["--shape", "2b"], "unknown shape '2b'"),
     (["--depths", "12,x"], "--depths='12,x'"),

@@ -54,6 +54,14 @@ def test_a_cuda_device_is_one_this_machine_has(monkeypatch):
     with pytest.raises(cli.UsageError, match=re.escape("--device=cuda:1: this machine has 1 CUDA device, numbered "
                                                        "from 0")):
         cli.pick_device("cuda:1")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert cli.pick_device("auto") == "cuda"  # (CUDA first, where a machine has both)
+    for name in ("cpu:0", "cuda:", "cuda:0x", "gpu"):  # the whole name, not a known one it begins with
+        with pytest.raises(cli.UsageError, match=re.escape(f"--device={name!r}: choose from auto, cpu, cuda, cuda:N")):
+            cli.pick_device(name)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(cli.UsageError, match=re.escape("--device=mps: MPS is not available on this machine")):
+        cli.pick_device("mps")
 
 
 def test_lime_triton_is_checked_with_the_device(monkeypatch):
@@ -82,6 +90,18 @@ def test_metrics_show_accuracies_in_percent():
     anything else to 4 decimals."""
     assert cli.show_metrics(dict(val_loss=0.26531, val_ppl=1.30381, acc_4=0.31, val_acc_6=1.0, acc=0.5)) == \
         "val_loss 0.2653, val_ppl 1.3038, acc_4 31.0%, val_acc_6 100.0%, acc 50.0%"
+    assert cli.show_metrics(dict(accept_rate=0.25, acc_4x=0.5)) == "accept_rate 0.2500, acc_4x 0.5000"  # (a fork's)
+
+
+def test_each_rule_takes_its_bounds_and_nothing_past_them():
+    """A config field's rule (check_fields) at its edges: the least and the most it takes, the values just past them,
+    and NaN and the infinities, which no rule takes (a NaN compares False with anything: `not x <= 0` would take it)."""
+    for (text, ok), good, bad in [(cli.POSITIVE, [1e-300, 1, 1e300], [0, -1e-300]),
+                                  (cli.NON_NEGATIVE, [0, 0.0, 1e300], [-1e-300, -1]),
+                                  (cli.SEED, [0, 2**63 - 1], [-1, 2**63]),
+                                  (cli.SIZE, [1, 2**31 - 1], [0, 2**31])]:
+        assert [ok(x) for x in good] == [True] * len(good), text
+        assert [ok(x) for x in [*bad, math.nan, math.inf, -math.inf]] == [False] * (len(bad) + 3), text
 
 
 def test_peak_flops_only_for_known_devices(monkeypatch):
@@ -103,7 +123,8 @@ def test_autocast_is_bfloat16_on_cuda_unless_told():
         cuda = cli.autocast_for("cuda:1")
     assert (cuda.device, cuda.fast_dtype) == ("cuda", torch.bfloat16)
     assert isinstance(cli.autocast_for("cpu"), contextlib.nullcontext)
-    assert cli.autocast_for("cpu", "bfloat16").fast_dtype == torch.bfloat16
+    cpu = cli.autocast_for("cpu", "bfloat16")
+    assert (cpu.device, cpu.fast_dtype) == ("cpu", torch.bfloat16)
     assert cli.dtype_for("cuda:1") == "bfloat16" and cli.dtype_for("mps") == cli.dtype_for("cpu") == "float32"
     assert cli.dtype_for("cuda", "float32") == "float32" and cli.dtype_for("cpu", "bfloat16") == "bfloat16"
 
@@ -231,13 +252,24 @@ def test_a_path_in_a_folder_this_user_may_not_enter_is_one_line(arith_dir, tmp_p
     assert snapshot(arith_dir, tmp_path) == before
 
 
-def test_a_permission_error_is_one_line_where_it_names_a_path(tmp_path, capsys):
-    """A file this user may not read or write: its path and why; one of no path (a signal to another user's
-    process, say) is a fault to see, and keeps its traceback."""
+def test_a_permission_error_is_one_line_where_it_names_a_path(tmp_path, capsys, monkeypatch):
+    """A file this user may not read or write: its path and why, and the folder on its way this user may not enter,
+    if any (not one it may enter but not write in); one of no path (a signal to another user's process, say) is a
+    fault to see, and keeps its traceback."""
     with pytest.raises(SystemExit) as e, cli.one_line_errors("x.py"):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "log.jsonl"))
     assert (e.value.code, capsys.readouterr().err) == (1, f"x.py: error: {tmp_path / 'log.jsonl'}: "
                                                           f"{os.strerror(errno.EACCES)}\n")
+    (tmp_path / "read-only").mkdir()
+    (tmp_path / "shut").mkdir()
+    access = os.access  # (to root every folder is open: what another user is told, patched)
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: access(p, mode) and not (
+        Path(p).name == "read-only" and mode & os.W_OK or Path(p).name == "shut" and mode & os.X_OK))
+    for folder, after in (("read-only", ""), ("shut", f" (this user may not enter {tmp_path / 'shut'})")):
+        with pytest.raises(SystemExit), cli.one_line_errors("x.py"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / folder / "log.jsonl"))
+        assert capsys.readouterr().err == f"x.py: error: {tmp_path / folder / 'log.jsonl'}: " \
+                                          f"{os.strerror(errno.EACCES)}{after}\n"
     with pytest.raises(PermissionError), cli.one_line_errors("x.py"):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
@@ -333,6 +365,74 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
         _ for _ in ()).throw(PermissionError(errno.EPERM, os.strerror(errno.EPERM))))
     cli.atomic_write(path, lambda f: f.write(b"new"))
     assert set(tmp_path.iterdir()) == {path, writing, others} and path.read_bytes() == b"new"
+    # a name that glob reads as a pattern ('[1]' matches b1.json) goes by its own leftovers only; a leftover whose
+    # middle is no process id is not taken for one
+    odd, near, no_pid = tmp_path / "b[1].json", tmp_path / "b1.json.999999999.tmp", tmp_path / "b[1].json.x.tmp"
+    for stale in (tmp_path / "b[1].json.999999999.tmp", near, no_pid):
+        stale.write_bytes(b"half")
+    cli.atomic_write(odd, lambda f: f.write(b"new"))
+    assert set(tmp_path.iterdir()) == {path, writing, others, odd, near, no_pid}
+
+
+def test_a_file_written_since_compares_unequal(tmp_path):
+    """file_state (what bench.py's --json and arithmetic's meta.json are compared by) tells each change alone, the
+    file's time set back as it was: replaced by a rename (its inode), appended to (its size), rewritten in place at
+    the same size (its time of change); and a file gone."""
+    path, other, t = tmp_path / "b.json", tmp_path / "new", 10**18
+    assert cli.file_state(path) is None
+    path.write_bytes(b"1234")
+    os.utime(path, ns=(t, t))
+
+    def append():
+        with path.open("ab") as f:
+            f.write(b"9")
+        os.utime(path, ns=(t, t))
+    for change in (lambda: (other.write_bytes(b"5678"), os.utime(other, ns=(t, t)), os.replace(other, path)), append,
+                   lambda: (path.write_bytes(b"abcde"), os.utime(path, ns=(t, t + 1))), path.unlink):
+        seen = cli.file_state(path)
+        assert cli.file_state(path) == seen  # (read again: the same)
+        change()
+        assert cli.file_state(path) != seen
+    assert cli.file_state(path) is None
+
+
+def test_a_hold_on_a_folder_removed_or_replaced_meanwhile_holds_nothing_there(tmp_path):
+    """held_there: the folder hold_folder holds is the one at its path until it is removed, or replaced by one of
+    the same name (another process that made it anew as this one waited): then the lock holds nothing there."""
+    folder = tmp_path / "data"
+    fd = cli.hold_folder(folder, "a test")
+    try:
+        assert cli.held_there(fd, folder)
+        folder.rmdir()
+        assert not cli.held_there(fd, folder)
+        folder.mkdir()
+        assert not cli.held_there(fd, folder)
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_to_write_in_needs_both_write_and_search_permission(tmp_path, monkeypatch):
+    """folder_problem: a folder on the way that this user may write in but not enter (no x bit), or enter but not
+    write in, cannot hold a new file: either is named. (To root every folder is open: os.access patched.)"""
+    (tmp_path / "a").mkdir()
+    access = os.access
+    for denied in (os.X_OK, os.W_OK):
+        monkeypatch.setattr(cli.os, "access", lambda p, mode: access(p, mode) and not (
+            Path(p) == tmp_path / "a" and mode & denied))
+        assert cli.folder_problem(tmp_path / "a" / "run") == f"{tmp_path / 'a'} is not writable"
+    monkeypatch.setattr(cli.os, "access", access)
+    assert cli.folder_problem(tmp_path / "a" / "run") is None
+
+
+def test_a_json_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    """read_json: a file there that the disk fails to give (or this user may not read) names itself and why."""
+    path = tmp_path / "summary.json"
+    path.write_text("{}")
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(
+        OSError(errno.EIO, os.strerror(errno.EIO), str(self))))
+    with pytest.raises(cli.DataError) as e:
+        cli.read_json(path)
+    assert str(e.value) == f"{path} cannot be read ({os.strerror(errno.EIO)})"
 
 
 def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
@@ -349,13 +449,22 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
                         (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing "
                                       "file data/0: file write failed\n(more)"), "[enforce fail at inline_container"),
                         (RuntimeError(), "RuntimeError")):  # (one that says nothing: its kind, not an IndexError)
-        with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}: {says}")):
+        with pytest.raises(cli.DataError) as e:
             cli.atomic_write(path, disk_full(error))
+        assert str(e.value) == f"cannot write {path}: " + (  # (one line: a RuntimeError's first)
+            "[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: file write "
+            "failed" if says.startswith("[") else says)
         assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}/x: {path} is a file, not a folder")):
         cli.atomic_write(path / "x", lambda f: f.write(b"new"))
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path}: {tmp_path} is not a file")):
         cli.atomic_write(tmp_path, lambda f: f.write(b"new"))  # a folder, or a device, by that name
+    if hasattr(os, "mkfifo"):  # neither a file nor a folder (a FIFO here; /dev/null, which a rename would replace)
+        os.mkfifo(tmp_path / "fifo")
+        with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path / 'fifo'}: {tmp_path / 'fifo'} is "
+                                                          "not a file")):
+            cli.atomic_write(tmp_path / "fifo", lambda f: f.write(b"new"))
+        assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
 
 
 def test_a_write_is_on_disk_before_it_takes_the_name(tmp_path, monkeypatch):
@@ -425,6 +534,15 @@ def test_sigterm_is_one_line_and_unwinds_what_was_under_way(tmp_path, capsys):
     assert e.value.code == 143 and capsys.readouterr().err == "prepare_data.py: interrupted (SIGTERM)\n"
     assert not list(tmp_path.iterdir()) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
+    def own(signum, frame):  # a handler the program set itself (as train.py's, which saves a checkpoint first): kept
+        pass
+    signal.signal(signal.SIGTERM, own)
+    try:
+        with cli.one_line_errors("x.py"):
+            assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
 
 def test_ctrl_c_once_a_script_is_done_is_ignored(monkeypatch):
     """After a script's last line, Python takes a third of a second to shut down (torch's finalizers): a Ctrl-C then
@@ -453,6 +571,8 @@ def test_ctrl_c_once_a_script_is_done_is_ignored(monkeypatch):
                                                                                  "expandable_segments:True to avoid"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
                   "to allocate 8000000000000 bytes."), "DefaultCPUAllocator: can't allocate memory"),
+    (RuntimeError("DefaultCPUAllocator: can't allocate memory:\n  you tried to allocate 8 bytes."),
+     "(DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes.)"),  # (its lines joined)
     (MemoryError(), "(MemoryError)")])  # (numpy's, drawing a batch of rows, may say nothing more)
 def test_out_of_memory_is_one_line(capsys, error, says):
     with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
@@ -1011,6 +1131,9 @@ DAMAGED = [
      "--json=/dev/null: /dev/null is not a file"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,
      "notes.md is not valid JSON"),
+    ("bench", then(lambda d, r, t: write(t / "s.json", '{"suite": []}'),
+                   lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
+     "s.json is not what this repo writes: it has no 'device'"),
     ("bench", then(lambda d, r, t: write(t / "s.json", "[]"),
                    lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "s.json")]), 1,
      "s.json is not what this repo writes: not a JSON object"),

@@ -88,7 +88,7 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
     server = serve(files)
     args = ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url]
     err = error_of(prepare_data.main, args, capsys, code=1)
-    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin")
+    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin: ")  # (not .part)
     assert not (tmp_path / "finewebedu_train_000001.bin").exists()
     assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
     assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
@@ -159,6 +159,7 @@ def test_language_windows_predict_the_next_token(tmp_path):
     anywhere in the shard (the last start included); the validation windows are the first eval_tokens of the val
     shard, back to back, their targets one token on too. Shards of counting tokens show each."""
     write_shard(tmp_path / "x_val_000000.bin", np.arange(100) % 500)
+    write_shard(tmp_path / "x_val_000001.bin", 500 + np.arange(100))  # (a second: the first is evaluated on)
     for i, size in enumerate((40, 300)):
         write_shard(tmp_path / f"x_train_{i:06d}.bin", 1000 * i + np.arange(size))  # shard i counts from 1000 i
     cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=2000))
@@ -182,6 +183,9 @@ def test_language_windows_predict_the_next_token(tmp_path):
     assert torch.equal(whole.val_x, torch.arange(90).view(9, 10)) and whole.val_y[-1, -1] == 90 == whole.vocab_size - 1
     with pytest.raises(DataError, match=re.escape(f"validation shard in {tmp_path} is shorter than one block of 100")):
         TokenData(type("Config", (), dict(data_dir=str(tmp_path), block_size=100, eval_tokens=10**6, vocab_size=2000)))
+    with pytest.raises(DataError, match=re.escape(f"a train shard in {tmp_path} is shorter than one block of 40 and "
+                                                  "its next token")):  # (40 tokens: no window of 41)
+        TokenData(SimpleNamespace(data_dir=str(tmp_path), block_size=40, eval_tokens=80, vocab_size=2000))
 
 
 def test_a_diverged_model_has_a_perplexity_of_e_to_the_50_at_most(tmp_path):
@@ -217,9 +221,10 @@ def test_task_rows_for_evaluation_and_analysis():
     assert [s.tolist() for s in rows.val_sequences(2)] == [[5, 6, 7], [8, 9]]
 
 
-def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
+def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path, monkeypatch):
     """The validation windows tell the caller the vocabulary they need; a train batch past the model's is a
-    DataError, not an embedding lookup's IndexError in the middle of a run."""
+    DataError, not an embedding lookup's IndexError in the middle of a run. A shard that is a folder, or that this
+    user may not read: one line too."""
     write_shard(tmp_path / "x_val_000000.bin", [3, 7, 9] * 20)
     write_shard(tmp_path / "x_train_000000.bin", [3, 7, 64] * 20)  # 64: the first id past a vocabulary of 64
     cfg = type("Config", (), dict(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=64))
@@ -231,6 +236,13 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path):
     (tmp_path / "x_train_000001.bin").mkdir()  # a folder by a shard's name
     with pytest.raises(DataError, match=re.escape("x_train_000001.bin: not a file")):
         TokenData(cfg)
+
+    def denied(*args):  # (to root every file is readable: what another user meets, patched)
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(args[0]))
+    monkeypatch.setattr("data.open", denied, raising=False)  # (data.py's own open)
+    with pytest.raises(DataError) as e:
+        TokenData(cfg)
+    assert str(e.value) == f"x_val_000000.bin: cannot be read ({os.strerror(errno.EACCES)})"
 
 
 def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
