@@ -547,14 +547,14 @@ def load(data_dir, trained_on=None):
     meta = read_json(data_dir / "meta.json", keys=("vocab",))
     try:
         task = Task.from_meta(meta)
-        regime(meta)  # (its seed and sizes are checked there)
+        have = regime(meta)  # (its seed and sizes are checked there)
         vocab = Vocab(meta["vocab"])
         if vocab.itos != task.vocab():  # a token's id is its place in the task's: another order, another meaning
             raise DataError("its vocabulary is not the task's")
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
     if trained_on:
-        have, want = regime(meta), regime(trained_on)
+        want = regime(trained_on)
         differ = [k for k in want if k in have and have[k] != want[k]]
         if differ:  # NOTE not "rebuild it" there: that would replace the other regime's data (a grid's, ...)
             elsewhere = data_dir.parent / Task.from_meta(want).folder
@@ -564,13 +564,12 @@ def load(data_dir, trained_on=None):
                             f"--data-dir the run's data, or make it in a folder of its own with "
                             f"`{command(trained_on, elsewhere)}`")
     else:  # the flags that make this folder's data again, from its meta.json
-        rebuild = f"rebuild it with `{command(regime(meta), data_dir)} --overwrite`"
+        rebuild = f"rebuild it with `{command(have, data_dir)} --overwrite`"
     names = ["train", *(f"{split}_{k}" for split in ("test", "val") for k in task.tiers)]
     if "field" not in meta and not any((data_dir / f"val_{k}.txt").exists() for k in task.tiers):
         names = names[:1 + len(task.tiers)]  # made before the validation split (and the regime's fields) existed
-    sizes = regime(meta)  # its lines per split, where meta.json says (not an old folder's)
-    lines_in = {name: sizes["train_size"] * len(task.tiers) if name == "train" else sizes["test_size"]
-                for name in names} if "test_size" in sizes else {}
+    lines_in = {name: have["train_size"] * len(task.tiers) if name == "train" else have["test_size"]
+                for name in names} if "test_size" in have else {}  # lines per split, where meta.json says (not old)
     splits = {}
     for name in names:
         path = data_dir / f"{name}.txt"

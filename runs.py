@@ -693,6 +693,13 @@ def read_checkpoint(out_dir):
                 if t.layout != torch.strided or t.is_meta), None)
     if odd:
         raise not_weights(path, odd, ckpt["model"][odd])
+    # a config of more layers than the weights have (hand-edited: n_layer 100000) is one line here, before any script
+    # spends minutes building its model, even on the meta device (the routing grows as n_layer^2)
+    n_layer = ckpt["config"].get("n_layer")
+    blocks = {name.split(".")[2] for name in ckpt["model"] if name.startswith("transformer.h.")}
+    if of_kind(n_layer, int) and n_layer != len(blocks):
+        raise DataError(f"{path} holds a model its config does not describe (n_layer {n_layer}, and weights of "
+                        f"{len(blocks)} blocks)")
     return ckpt
 
 
@@ -799,20 +806,17 @@ def load_problem(e):
 
 
 def model_from(ckpt, out_dir):
-    """The model of a checkpoint read from out_dir, rebuilt from its config, on the CPU. Its config is held to its
-    weights before anything is allocated: a hand-edited n_layer of 100000 is one line, not minutes of building."""
+    """The model of a checkpoint read from out_dir (read_checkpoint), rebuilt from its config, on the CPU. Its config
+    is held to its weights before anything is allocated: a hand-edited mlp_hidden of 2**30 is one line, not 16 GB."""
     path = Path(out_dir) / "ckpt.pt"
     try:
         config = GPTConfig.of(ckpt["config"])
-        blocks = {name.split(".")[2] for name in ckpt["model"] if name.startswith("transformer.h.")}
-        if len(blocks) != config.n_layer:
-            raise ValueError(f"n_layer {config.n_layer}, and weights of {len(blocks)} blocks")
-        with torch.device("meta"):  # (shapes checked, nothing allocated: its vocab_size or mlp_hidden may be huge)
+        with torch.device("meta"):  # (shapes checked, nothing allocated)
             load_weights(GPT(config), ckpt, path)
         model = GPT(config)
         model.load_state_dict(ckpt["model"])
     except DataError:
-        raise  # (check_tensors': it says what is wrong)
+        raise  # (load_weights': it says what is wrong)
     except Exception as e:  # a file of the right format with the wrong contents
         raise DataError(f"{path} holds a model its config does not describe "
                         f"({load_problem(e)})") from None

@@ -987,6 +987,9 @@ DAMAGED = [
       ".weight\"", "; has its method's code changed since?)")),
     ("sample", then(hand_edit(n_layer=100_000), lambda d, r, t: ["--out-dir", str(r)]), 1,  # (not minutes building)
      "ckpt.pt holds a model its config does not describe (n_layer 100000, and weights of 2 blocks)"),
+    ("train", then(hand_edit(n_layer=100_000),
+                   lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")), 1,
+     ("--init-from: ", "ckpt.pt holds a model its config does not describe (n_layer 100000, and weights of 2 ")),
     ("analyze", then(hand_edit(mlp_hidden=2**30), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,  # (not 16 GB)
      ("ckpt.pt holds weights its config does not describe (size mismatch for ", "mlp.c_fc.weight")),
     ("sample", then(lambda d, r, t: write(r / "ckpt.pt", flip_name_byte((r / "ckpt.pt").read_bytes())),
