@@ -768,11 +768,12 @@ def check_optimizer(optimizer, model, where, built, step):
     is rewritten) or train on silently: hyperparameters other than `built`, those of the config's groups (a damaged
     lr_scale, maximize=True); moments missing or of another shape than their weight (parameters in another order),
     not finite, or a second moment below 0; no moments at all past step 0 (a run would go on with fresh ones); a count
-    of steps that is not finite or below 0 (a division by 0 in the bias correction). A DataError naming `where` (the
-    flag and file), and the weight."""
+    of steps that is not finite or below 0 (a division by 0 in the bias correction), or another than the checkpoint's.
+    A DataError naming `where` (the flag and file), and the weight."""
     if step > 0 and not optimizer.state:  # (a weight may lack moments, one that never had a gradient; not all of them)
         raise DataError(f"{where} is damaged: its optimiser state holds no moments, at step {step}")
     names = {p: name for name, p in model.named_parameters()}
+    taken = 0  # the most steps any weight's state has taken
     for group, want in zip(optimizer.param_groups, built):
         other = next((k for k, v in want.items() if not same(group.get(k), v)), None)
         if other:
@@ -795,6 +796,13 @@ def check_optimizer(optimizer, model, where, built, step):
             if not (of_kind(count, float) and 0 <= count < math.inf):
                 raise DataError(f"{where} is damaged: its optimiser state's step of {names.get(p)} is {count!r}, "
                                 "not a count of steps")
+            taken = max(taken, count)
+    # every step updates the weights that had a gradient (the embedding's always): the most steps a weight's state
+    # has taken is the checkpoint's step. Not so: an optimiser state from another checkpoint, whose bias correction
+    # (and moments) AdamW would go on with in silence
+    if optimizer.state and taken != step:
+        raise DataError(f"{where} is damaged: its optimiser state is of step {taken:g}, the checkpoint of step {step} "
+                        "(a state from another checkpoint?)")
 
 
 def load_problem(e):

@@ -1232,6 +1232,12 @@ DAMAGED = [
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is inf, not a count of steps")),
     ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=torch.tensor(-1.0))), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's step of transformer.", "is -1.0, not a count of steps")),
+    # a state from another checkpoint of the run: AdamW's bias correction and moments of other steps, in silence
+    ("train", then(on_the_copy, edit_moments(lambda s: s.update(step=s["step"] + 1)), resume), 1,
+     ("--resume: ", "ckpt.pt is damaged: its optimiser state is of step 7, the checkpoint of step 6 (a state from ")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: [s.update(step=s["step"] - 4) for s in
+                                                                               c["optimizer"]["state"].values()]),
+                   resume), 1, "ckpt.pt is damaged: its optimiser state is of step 2, the checkpoint of step 6"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state={})), resume),
      1, ("--resume: ", "ckpt.pt is damaged: its optimiser state holds no moments, at step ")),  # (not fresh moments)
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(state=[1])), resume),
