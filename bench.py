@@ -30,7 +30,9 @@ from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, 
 
 import argparse
 import json
+import math
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -63,12 +65,12 @@ SHAPES = {
 # --kernels --sweep: the tiles tried, (columns, warps, outputs per launch); a column is one (position, value) of a
 # slot. 16 outputs a launch: one launch for each of the first layers at 150M (12 outputs) and 1B (16), not two
 TILES = [(columns, warps, n) for columns in (128, 256, 512, 1024) for warps in (2, 4, 8) for n in (8, 16)]
-# --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone
-# or the routers, each compiled model alone in its own process)
-SUITE = [("150m", "kernels"), ("1b", "kernels"),
-         ("150m", "none,lime,first-4,last-4,dynamic,hc,dwa,value-residual"),
-         ("1b", "none,lime,hc,dwa,value-residual"),
-         ("deep", "none,lime,first-4,last-4")]
+# --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone or the
+# routers, each compiled model alone in its own process); `lime` against `none` first. Every part of models has its
+# own `none` for its ratios, and only a few models: a part cut short on one machine is measured anew on another
+SUITE = [("150m", "none,lime"), ("1b", "none,lime"), ("150m", "kernels"), ("1b", "kernels"),
+         ("150m", "none,first-4,last-4,dynamic"), ("150m", "none,hc,dwa,value-residual"),
+         ("1b", "none,hc,dwa,value-residual"), ("deep", "none,lime,first-4,last-4")]
 
 
 # --profile: a step's time by kind of work, the first kind whose pattern is found in a name. An op's own time
@@ -347,16 +349,16 @@ def parse_args(argv):
                    help="with --kernels on CUDA: time the Triton kernels at every tile size, warp count and number "
                         "of outputs a launch takes (TILES)")
     p.add_argument("--suite", action="store_true",
-                   help="every GPU figure of the README's Performance section (SUITE): the routing op at 150m and 1b, "
-                        "then the routers at 150m, 1b and deep, each model alone; with --json, run it again to go "
-                        "on after a cut: the parts that file holds are kept")
+                   help="every GPU figure of the README's Performance section (SUITE): lime against none at 150m "
+                        "and 1b, the routing op at both, then the other routers at 150m, 1b and deep, each model "
+                        "alone; with --json, run it again to go on after a cut: the models that file holds are kept")
     p.add_argument("--profile", action="store_true",
                    help="also profile 3 steps of each mode: where the time goes, by kind of work (routing, attention, "
                         "matmuls, ...), side by side with the first mode's")
     p.add_argument("--json", type=a_path, help="also write the figures to this file as JSON")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the --json file if it exists (without it: an error, except that --suite goes on "
-                        "from the parts a file of its own holds)")
+                        "from the models a file of its own holds)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one router measured, its figures written there
     args, given = p.parse_args(argv), p.given(argv)
 
@@ -440,9 +442,21 @@ def write_json(args, out):
     args.json_state = file_state(args.json)
 
 
+def whole(result, routers, profile):
+    """Whether a model's figures in a --suite file are what measure() writes for one of `routers`, with a profile
+    where this run asks for one: else (cut short, or damaged) the model is measured again."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
+    return isinstance(result, dict) and result.get("router") in routers and ("profile" in result) == profile and \
+        all(number(result.get(k)) for k in ("ms_per_step", "tokens_per_s", "memory_bytes", "params")) and \
+        all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
+
+
 def run_suite(args, argv, out):
-    """SUITE, part by part. With --json, the file is written after every part, and the parts it already
-    holds (from this device, torch, dtype and compile setting: another's is an error) are kept, not measured again."""
+    """SUITE, part by part. With --json, the file is written after every part and every model, and the parts and
+    models it already holds (from this device, torch, dtype and compile setting: another's is an error) are kept,
+    not measured again: a command cut short by a time limit goes on from its last model. A part's models are kept
+    only from this very GPU (or host), so that its ratios come from one machine."""
     kept = {}
     if args.json and Path(args.json).exists() and not args.overwrite:
         old = read_json(args.json, keys=("device", "torch", "dtype"))
@@ -461,25 +475,41 @@ def run_suite(args, argv, out):
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
               file=sys.stderr)
+    # the machine, to its GPU: several of one kind may take turns, and a part's ratios come from one of them
+    machine = socket.gethostname() + (f" {getattr(torch.cuda.get_device_properties(args.device), 'uuid', '')}"
+                                      if args.device.startswith("cuda") else "")
     out["suite"] = []
+
+    def save(what):
+        if args.json:
+            write_json(args, out)
+            print(f"wrote {args.json} ({what})")
+
     for shape_name, what in SUITE:
         name, shape = f"{shape_name}: {what}", SHAPES[shape_name]
         tiles = json.loads(json.dumps(TILES)) if args.sweep and what == "kernels" else None  # (as the JSON holds it)
-        if name in kept and kept[name].get("tiles") == tiles:  # (a sweep over other tiles, or none, is run again)
-            print(f"{name}: kept from {args.json}")
-            part = kept[name]
+        old, routers = kept.get(name, {}), what.split(",")
+        results = old.get("results") if isinstance(old.get("results"), list) else []
+        done = {r["router"]: r for r in results if whole(r, routers, args.profile)}
+        if what == "kernels" and old.get("tiles") == tiles and "kernels" in old or len(done) == len(routers):
+            print(f"{name}: kept from {args.json}")  # (a sweep over other tiles, or none, is timed again)
+            out["suite"].append(old)
         elif what == "kernels":
-            part = dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles)
+            out["suite"].append(dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles))
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:
-            results = [measure_alone(r, shape, args, [*argv, "--shape", shape_name]) for r in what.split(",")]
-            report(results, f"{name}: training step (median of {args.steps}) and generation", args.profile)
-            part = dict(part=name, results=results)
-        out["suite"].append(part)
-        if args.json:
-            write_json(args, out)
-            print(f"wrote {args.json} ({len(out['suite'])} of {len(SUITE)} parts)")
+            part = dict(part=name, machine=machine, results=[])
+            out["suite"].append(part)
+            for i, router in enumerate(routers):
+                if router in done and old.get("machine") == machine:  # (cut short elsewhere: all its models anew)
+                    print(f"  {router}: kept from {args.json}")
+                    part["results"].append(done[router])
+                else:
+                    part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
+                    save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} models")
+            report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
+        save(f"{len(out['suite'])} of {len(SUITE)} parts")
     return out
 
 

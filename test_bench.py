@@ -179,6 +179,40 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, c
         "attention"]  # (memory-efficient attention's kernel: cutlass in its name too)
 
 
+def test_bench_suite_goes_on_from_its_last_model_on_the_same_machine(tmp_path, capsys, monkeypatch, commands):
+    """--suite writes its file after every model: a command cut short inside a part (a time limit, a process that
+    failed) goes on from its last model, on the same machine; a part cut short on another machine, or a model
+    whose figures are damaged, is measured anew, so that a part's ratios come from one machine."""
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "SUITE", [("t", "none,lime,first-2")])
+    path = tmp_path / "suite.json"
+    argv = ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0", "--json", str(path)]
+    run = bench.subprocess.run
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 137)
+                        if "first-2" in cmd else run(cmd))  # the third model's process killed
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    cut = json.loads(path.read_text())["suite"]
+    assert [r["router"] for r in cut[0]["results"]] == ["none", "lime"]  # (the first two models, written)
+    assert "wrote {} (1 of 1 parts; of the last, 2 of 3 models)".format(path) in capsys.readouterr().out
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    commands.clear()
+    out = bench.main(argv)["suite"][0]
+    assert [c[-5] for c in commands] == ["first-2"]  # only the model not measured yet
+    assert [{k: r[k] for k in was} for r, was in zip(out["results"], cut[0]["results"])] == cut[0]["results"]
+    assert out["results"][2]["router"] == "first-2" and out["results"][1]["step_ratio"] > 0  # (ratios over all)
+    assert "  none: kept from" in capsys.readouterr().out
+    for damage, anew in [(dict(machine="another GPU", results=out["results"][:2]),  # cut short elsewhere: all anew
+                          ["none", "lime", "first-2"]),
+                         (dict(results=[{**out["results"][0], "ms_per_step": "x"}, *out["results"][1:2]]),
+                          ["none", "first-2"])]:  # (a damaged figure: measured again, not a traceback in the table)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "suite": [{**out, **damage}]}))
+        commands.clear()
+        bench.main(argv)
+        assert [c[-5] for c in commands] == anew
+
+
 def test_bench_suite_keeps_a_part_by_its_shape_too(tmp_path, capsys, monkeypatch):
     """A part of --suite is kept by its name, shape and what it times both: the routing op timed at one shape is not
     kept for another's (the README's suite times it at 150m and at 1b)."""
