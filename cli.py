@@ -382,6 +382,9 @@ def atomic_write(path, write):
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None
     except RuntimeError as e:  # how torch.save says the same
+        cause = e.__context__  # the error of its write, if any, says why ("No space left on device"); torch's own
+        if isinstance(cause, OSError):  # only where it stopped ("unexpected pos 523328 vs 523216")
+            raise DataError(f"cannot write {path}: {cause.strerror or cause}") from None
         raise DataError(f"cannot write {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     finally:
         tmp.unlink(missing_ok=True)

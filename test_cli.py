@@ -455,6 +455,23 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
             "[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: file write "
             "failed" if says.startswith("[") else says)
         assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
+
+    class Full(io.RawIOBase):  # a disk that fills up after 1000 bytes of a checkpoint
+        def __init__(self, f):
+            self.f = f
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if self.f.tell() + len(b) > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(b)
+
+    # torch.save's own error says where it stopped ("[enforce fail ...] unexpected pos 704 vs 598"), its write's why
+    with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}: No space left on device")):
+        cli.atomic_write(path, lambda f: torch.save({"model": torch.zeros(10_000)}, Full(f)))
+    assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}/x: {path} is a file, not a folder")):
         cli.atomic_write(path / "x", lambda f: f.write(b"new"))
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path}: {tmp_path} is not a file")):
