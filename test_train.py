@@ -381,6 +381,64 @@ def test_a_disk_that_fails_while_a_run_is_saved_leaves_its_files_as_they_were(ar
         assert snapshot(run) == before
 
 
+def full_disk(monkeypatch, name, nth):
+    """From the `nth` time a file whose name begins with `name` is opened to be written (the log's appends,
+    atomic_write's temporary files), the disk is full: a write writes half of what it is given, then fails (ENOSPC)."""
+    real, opened = open, []
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            self.f.write(b[:len(b) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, key):
+            return getattr(self.f, key)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full(file, mode="r", *args, **kwargs):
+        f = real(file, mode, *args, **kwargs)
+        if Path(file).name.startswith(name) and mode[0] in "wa":
+            opened.append(file)
+            return Full(f) if len(opened) >= nth else f
+        return f
+
+    for module in (runs, cli):
+        monkeypatch.setattr(module, "open", full, raising=False)
+
+
+@pytest.mark.parametrize("name, nth, kept", [
+    ("log.jsonl", 9, 6),  # the row of step 7 (log interval 1), after the evaluation of step 6
+    ("ckpt.pt", 2, 6),  # the checkpoint of step 12
+    ("ckpt.pt", 1, None),  # the first one, of step 6
+    ("summary.json", 1, 12),
+])
+def test_a_full_disk_as_a_run_trains_is_one_line_and_the_run_goes_on_from_there(answer_dir, whole_run, tmp_path,
+                                                                                monkeypatch, capsys, name, nth, kept):
+    """A file of the run that cannot be written (a full disk) ends it with one line that names the file and says what
+    stays and what to do: --resume from the checkpoint before (a log row cut short is dropped), or --overwrite where
+    none was written; then the run is the one that never stopped."""
+    out = tmp_path / "run"
+    full_disk(monkeypatch, name, nth)
+    err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    then = "no checkpoint was written; start over with --overwrite" if kept is None else \
+        f"the checkpoint of step {kept} stays; continue with --resume"
+    assert err == f"train.py: error: cannot write {out / name}: {os.strerror(errno.ENOSPC)}: {then}"
+    assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
+    assert (out / "ckpt.pt").exists() == (kept is not None)
+    monkeypatch.undo()
+    train.main(tiny_args(answer_dir, out, "--overwrite" if kept is None else "--resume"))
+    assert_same_run(out, whole_run)
+
+
 def test_flags_come_from_the_config_fields():
     """A field added to the config is a flag: helped by option()'s text (by its name without one), a bool
     read as on/off, the defaults of the preset given shown; a field of another type (task) is no flag."""
