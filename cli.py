@@ -367,6 +367,11 @@ def atomic_write(path, write):
         (path.exists() and not path.is_file() and f"{path} is not a file")  # (a file where a folder should be, say;
     if problem:  # a folder where the file should be, or a device: /dev/null, which a rename would replace, as root)
         raise DataError(f"cannot write {path}: {problem}")
+    # what a process killed while writing left goes first: on a full disk, its space (a checkpoint's: GBs) is this one's
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 1:-len(".tmp")]
+        if pid.isdigit() and not running(int(pid)):
+            stale.unlink(missing_ok=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
@@ -388,10 +393,6 @@ def atomic_write(path, write):
         raise DataError(f"cannot write {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # what a process killed while writing left
-        pid = stale.name[len(path.name) + 1:-len(".tmp")]
-        if pid.isdigit() and not running(int(pid)):
-            stale.unlink(missing_ok=True)
 
 
 def sync_folder(folder):

@@ -374,6 +374,23 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     assert set(tmp_path.iterdir()) == {path, writing, others, odd, near, no_pid}
 
 
+def test_what_a_killed_process_left_goes_before_the_write_needs_its_space(tmp_path):
+    """A temporary file that a process killed while writing left (a checkpoint's: GBs) goes before the new file is
+    written, not after it is whole: on a full disk, that write would fail for the space the leftover holds, again and
+    again, and the leftover stay."""
+    path, killed = tmp_path / "ckpt.pt", tmp_path / "ckpt.pt.999999999.tmp"
+    killed.write_bytes(b"half")
+    seen = []
+
+    def full(f):
+        seen.append(killed.exists())
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(cli.DataError, match="No space left on device"):
+        cli.atomic_write(path, full)
+    assert seen == [False] and not list(tmp_path.iterdir())
+
+
 def test_a_file_written_since_compares_unequal(tmp_path):
     """file_state (what bench.py's --json and arithmetic's meta.json are compared by) tells each change alone, the
     file's time set back as it was: replaced by a rename (its inode), appended to (its size), rewritten in place at
