@@ -144,6 +144,7 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
             stream.reconfigure(errors="backslashreplace")
     try:
         yield
+        sys.stdout.flush()  # here, not as Python exits: there, a write that fails (a full disk) is 2 lines and exit 120
     except UsageError as e:
         fail(script, f"error: {e}", 2, not elsewhere())
     except DataError as e:
@@ -181,6 +182,14 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
         # what reads the output has closed it (`| head`): stop without a word, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:
+        if not output_failed(e):
+            raise  # any other: a fault to see
+        try:  # what is left in stdout's buffer goes nowhere (else Python's flush at exit fails again)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # (no real stdout: a test's capture)
+            pass
+        fail(script, f"error: cannot write the output ({e.strerror})", 1)
     finally:
         if own and script == SCRIPT:  # the script is done (not a main() that another program of ours calls): Python
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # takes 0.3 s to shut down, where a Ctrl-C printed a traceback
@@ -190,6 +199,17 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
 def out_of_memory(script, e):
     fail(script, f"error: out of memory ({' '.join(str(e).split()) or type(e).__name__}): a smaller "
                  "--micro-batch-size, --block-size or model needs less", 1)
+
+
+# what a write says on a full disk (ENOSPC; EDQUOT: a quota's), past a file's size limit (EFBIG: `ulimit -f`), on a disk
+# that fails (EIO)
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def output_failed(e):
+    """Whether `e` is what a write to the output raises when it cannot be written (`> log` on a full disk): an OSError
+    of no file's (a file's names it) that says so."""
+    return type(e) is OSError and e.filename is None and e.errno in CANNOT_WRITE
 
 
 def stdout_closed():

@@ -154,6 +154,30 @@ def test_output_closed_by_its_reader_is_no_traceback(closed_and_broken_pipe):
     assert procs[1].returncode == 1 and "BrokenPipeError" in stderr
 
 
+def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
+    """`analyze.py table > out` on a full disk: a print that fails, or the output still buffered as the script ends
+    (which Python's exit would flush: two lines and exit 120), is one line and exit 1. A file's error stays a fault."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class Buffered(io.StringIO):  # (what a print wrote waits in the buffer)
+        def flush(self):
+            raise full
+
+    class Unbuffered(io.StringIO):
+        def write(self, text):
+            raise full
+
+    for stdout in (Buffered, Unbuffered):
+        monkeypatch.setattr(sys, "stdout", stdout())
+        with pytest.raises(SystemExit) as e, cli.one_line_errors("analyze.py"):
+            print("a table")
+        assert e.value.code == 1
+        assert capsys.readouterr().err == "analyze.py: error: cannot write the output (No space left on device)\n"
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="ckpt.pt"), cli.one_line_errors("analyze.py"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "ckpt.pt")  # (atomic_write says a file's in a line)
+
+
 def test_no_script_imports_another():
     """The scripts (the files with a __main__) import the modules, never a script: each reads on its own."""
     files = {p.stem: p.read_text() for p in Path(__file__).parent.glob("*.py")

@@ -4,6 +4,7 @@ stopping, signals save a checkpoint, flags come from the config, several process
 import contextlib
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
@@ -436,6 +437,28 @@ def test_a_full_disk_as_a_run_trains_is_one_line_and_the_run_goes_on_from_there(
     assert (out / "ckpt.pt").exists() == (kept is not None)
     monkeypatch.undo()
     train.main(tiny_args(answer_dir, out, "--overwrite" if kept is None else "--resume"))
+    assert_same_run(out, whole_run)
+
+
+def test_an_output_that_cannot_be_written_stops_the_run_with_a_checkpoint(answer_dir, whole_run, tmp_path,
+                                                                          monkeypatch, capsys):
+    """`python train.py > log` on a full disk: as a closed output (`| head`), the run stops with a checkpoint of its
+    last whole step (its row logged first), then says so in one line, exit 1; --resume goes on as if it had not."""
+    out = tmp_path / "run"
+
+    class Full(io.StringIO):
+        def write(self, text):
+            if text.startswith("step 8/"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    assert err == "train.py: error: cannot write the output (No space left on device): the checkpoint of step 8 " \
+        "stays; continue with --resume"
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 8 == max(train_losses(out))
+    monkeypatch.undo()
+    train.main(tiny_args(answer_dir, out, "--resume"))
     assert_same_run(out, whole_run)
 
 
