@@ -183,6 +183,8 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
     except OSError as e:
+        if type(e) is OSError and e.filename is not None and e.errno in CANNOT_WRITE:  # a folder made on a full disk
+            fail(script, f"error: cannot write {e.filename}: {e.strerror}", 1)
         if not output_failed(e):
             raise  # any other: a fault to see
         try:  # what is left in stdout's buffer goes nowhere (else Python's flush at exit fails again)
@@ -201,15 +203,16 @@ def out_of_memory(script, e):
                  "--micro-batch-size, --block-size or model needs less", 1)
 
 
-# what a write says on a full disk (ENOSPC; EDQUOT: a quota's), past a file's size limit (EFBIG: `ulimit -f`), on a disk
-# that fails (EIO)
-CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+# what a write says on a full disk (ENOSPC; EDQUOT: a quota's), past a file's size limit (EFBIG: `ulimit -f`), on a file
+# system mounted read-only (EROFS)
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 def output_failed(e):
-    """Whether `e` is what a write to the output raises when it cannot be written (`> log` on a full disk): an OSError
-    of no file's (a file's names it) that says so."""
-    return type(e) is OSError and e.filename is None and e.errno in CANNOT_WRITE
+    """Whether `e` is what a write to the output raises when it cannot be written (`> log` on a full disk, or on a disk
+    that fails: EIO): an OSError of no file's. (Every write of a file of ours says its name: atomic_write, a run's
+    log, a download's .part.)"""
+    return type(e) is OSError and e.filename is None and e.errno in (*CANNOT_WRITE, errno.EIO)
 
 
 def stdout_closed():

@@ -156,7 +156,8 @@ def test_output_closed_by_its_reader_is_no_traceback(closed_and_broken_pipe):
 
 def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
     """`analyze.py table > out` on a full disk: a print that fails, or the output still buffered as the script ends
-    (which Python's exit would flush: two lines and exit 120), is one line and exit 1. A file's error stays a fault."""
+    (which Python's exit would flush: two lines and exit 120), is one line and exit 1; and so is a folder made on a
+    full disk (a new --out-dir). Another error of a file's stays a fault to see."""
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     class Buffered(io.StringIO):  # (what a print wrote waits in the buffer)
@@ -174,8 +175,15 @@ def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
         assert e.value.code == 1
         assert capsys.readouterr().err == "analyze.py: error: cannot write the output (No space left on device)\n"
     monkeypatch.undo()
+    monkeypatch.setattr(os, "mkdir", lambda path, mode=0o777: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))))
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
+        cli.hold_folder("out/new-run", "a test")
+    monkeypatch.undo()
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "train.py: error: cannot write out/new-run: No space left on device\n"
     with pytest.raises(OSError, match="ckpt.pt"), cli.one_line_errors("analyze.py"):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "ckpt.pt")  # (atomic_write says a file's in a line)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), "ckpt.pt")
 
 
 def test_no_script_imports_another():
