@@ -8,7 +8,8 @@ Exit codes, the same in every script:
      another process's (a folder a run trains in, or a file it wrote while this command ran);
   1  something the command reads is missing or broken: a file that is absent, empty, cut short,
      corrupt, or of another run or regime (data, a checkpoint, a log, a summary); a download that
-     failed; a loss that is not finite; another process of a run under torchrun gone;
+     failed; a file, or the output, that cannot be written (a full disk); a loss that is not finite; another process
+     of a run under torchrun gone;
   128 + the signal number after an interruption: 130 for Ctrl-C, 143 for SIGTERM (129 for SIGHUP, the terminal
      closed, in train.py and grid.py, which save a checkpoint first).
 Each ends with one line on stderr, and what was there before stays as it was.
