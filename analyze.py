@@ -455,9 +455,13 @@ def cmd_prune(args):
             runs.refuse_changed(save, seen, "while this one pruned")  # (a prune --save of its own, or a run)
             runs.clear_run(save)
             config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
-            atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
-            atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-            runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
+            try:
+                atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
+                atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+                runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
+            except DataError:  # (a full disk) no pruned model without its checkpoint: the same command goes again
+                runs.clear_run(save)
+                raise
         print(f"saved the pruned checkpoint in {save}")
     return dict(report, survival=M)
 

@@ -518,7 +518,8 @@ def main(argv=None):
     with one_line_errors("bench.py"):
         args, shape = parse_args(argv)
         if args.worker:
-            Path(args.worker).write_text(json.dumps(measure(args.routers, shape, args, args.device)))
+            result = json.dumps(measure(args.routers, shape, args, args.device)).encode()
+            atomic_write(args.worker, lambda f: f.write(result))  # (a full disk: one line that names the file)
             return None
         is_cuda = args.device.startswith("cuda")
         name = torch.cuda.get_device_name(args.device) if is_cuda else f"cpu ({torch.get_num_threads()} threads)"

@@ -8,7 +8,8 @@ Exit codes, the same in every script:
      another process's (a folder a run trains in, or a file it wrote while this command ran);
   1  something the command reads is missing or broken: a file that is absent, empty, cut short,
      corrupt, or of another run or regime (data, a checkpoint, a log, a summary); a download that
-     failed; a loss that is not finite; another process of a run under torchrun gone;
+     failed; a file, or the output, that cannot be written (a full disk); a loss that is not finite; another process
+     of a run under torchrun gone;
   128 + the signal number after an interruption: 130 for Ctrl-C, 143 for SIGTERM (129 for SIGHUP, the terminal
      closed, in train.py and grid.py, which save a checkpoint first).
 Each ends with one line on stderr, and what was there before stays as it was.
@@ -144,6 +145,7 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
             stream.reconfigure(errors="backslashreplace")
     try:
         yield
+        sys.stdout.flush()  # here, not as Python exits: there, a write that fails (a full disk) is 2 lines and exit 120
     except UsageError as e:
         fail(script, f"error: {e}", 2, not elsewhere())
     except DataError as e:
@@ -181,6 +183,16 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
         # what reads the output has closed it (`| head`): stop without a word, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else Python's flush at exit fails again)
         sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:
+        if type(e) is OSError and e.filename is not None and e.errno in CANNOT_WRITE:  # a folder made on a full disk
+            fail(script, f"error: cannot write {e.filename}: {e.strerror}", 1)
+        if not output_failed(e):
+            raise  # any other: a fault to see
+        try:  # what is left in stdout's buffer goes nowhere (else Python's flush at exit fails again)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # (no real stdout: a test's capture)
+            pass
+        fail(script, f"error: cannot write the output ({e.strerror})", 1)
     finally:
         if own and script == SCRIPT:  # the script is done (not a main() that another program of ours calls): Python
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # takes 0.3 s to shut down, where a Ctrl-C printed a traceback
@@ -190,6 +202,18 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
 def out_of_memory(script, e):
     fail(script, f"error: out of memory ({' '.join(str(e).split()) or type(e).__name__}): a smaller "
                  "--micro-batch-size, --block-size or model needs less", 1)
+
+
+# what a write says on a full disk (ENOSPC; EDQUOT: a quota's), past a file's size limit (EFBIG: `ulimit -f`), on a file
+# system mounted read-only (EROFS)
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def output_failed(e):
+    """Whether `e` is what a write to the output raises when it cannot be written (`> log` on a full disk, or on a disk
+    that fails: EIO): an OSError of no file's. (Every write of a file of ours says its name: atomic_write, a run's
+    log, a download's .part.)"""
+    return type(e) is OSError and e.filename is None and e.errno in (*CANNOT_WRITE, errno.EIO)
 
 
 def stdout_closed():
@@ -367,6 +391,11 @@ def atomic_write(path, write):
         (path.exists() and not path.is_file() and f"{path} is not a file")  # (a file where a folder should be, say;
     if problem:  # a folder where the file should be, or a device: /dev/null, which a rename would replace, as root)
         raise DataError(f"cannot write {path}: {problem}")
+    # what a process killed while writing left goes first: on a full disk, its space (a checkpoint's: GBs) is this one's
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 1:-len(".tmp")]
+        if pid.isdigit() and not running(int(pid)):
+            stale.unlink(missing_ok=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
@@ -382,13 +411,12 @@ def atomic_write(path, write):
     except OSError as e:  # a full disk, say
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None
     except RuntimeError as e:  # how torch.save says the same
+        cause = e.__context__  # the error of its write, if any, says why ("No space left on device"); torch's own
+        if isinstance(cause, OSError):  # only where it stopped ("unexpected pos 523328 vs 523216")
+            raise DataError(f"cannot write {path}: {cause.strerror or cause}") from None
         raise DataError(f"cannot write {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # what a process killed while writing left
-        pid = stale.name[len(path.name) + 1:-len(".tmp")]
-        if pid.isdigit() and not running(int(pid)):
-            stale.unlink(missing_ok=True)
 
 
 def sync_folder(folder):

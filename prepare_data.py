@@ -65,9 +65,9 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                 total = have + int(r.headers.get("Content-Length", 0))
                 progress = Progress(dest.name, have, total)
                 dest.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed first request leaves no folder
-                with open(part, "ab" if have else "wb") as f:
+                with open(part, "ab" if have else "wb", buffering=0) as f:  # (unbuffered: nothing to fail at close)
                     for block in r.iter_content(CHUNK_BYTES):
-                        f.write(block)
+                        append(f, block, part)
                         progress.update(len(block))
                 progress.done()
                 if part.stat().st_size < total:
@@ -90,6 +90,17 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             raise
     os.replace(part, dest)
     return True
+
+
+def append(f, block, part):
+    """All of `block` written to the unbuffered file `f`, the .part of a download; a full disk is a DataError."""
+    view = memoryview(block)
+    try:
+        while view:  # (a write may take part of it, the part the disk had room for)
+            view = view[f.write(view):]
+    except OSError as e:  # what is in the .part stays: the same command resumes from there
+        raise DataError(f"cannot write {part}: {e.strerror}; make room and run the same command again to resume") \
+            from None
 
 
 def failure(e):

@@ -521,8 +521,18 @@ class Run:
     def log(self, **record):
         """A row of <out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
         if self.master:
-            with open(self.out_dir / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with open(self.out_dir / "log.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:  # a full disk: one line (a row cut short is dropped as --resume reads the log)
+                raise self.unwritten(f"cannot write {self.out_dir / 'log.jsonl'}: {e.strerror or e}") from None
+
+    def unwritten(self, problem):
+        """A DataError for a file of the run that cannot be written as it trains (a full disk): what stays, and what to
+        do then."""
+        kept = "no checkpoint was written; start over with --overwrite" if self.saved_step is None else \
+            f"the checkpoint of step {self.saved_step} stays; continue with --resume"
+        return DataError(f"{problem}: {kept}")
 
     def logged_evaluation(self, step):
         """The metrics of the evaluation of `step` that the kept log holds (a resumed run), or None (none at
@@ -540,8 +550,11 @@ class Run:
         """A checkpoint of `step` (not again if the one on disk is of that step, and as pruned)."""
         if self.master and (step, self.pruned_at) != (self.saved_step, self.saved_pruned_at):
             with self.signals.hold():  # a signal now waits until the file is whole
-                save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
-                                self.router_mask, self.pruned_at)
+                try:
+                    save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
+                                    self.router_mask, self.pruned_at)
+                except DataError as e:  # (the one before stays)
+                    raise self.unwritten(e) from None
                 self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):
@@ -582,7 +595,10 @@ class Run:
 
     def finish(self, summary):
         if self.master:
-            atomic_write(self.out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+            try:
+                atomic_write(self.out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+            except DataError as e:  # (--resume evaluates the last step again, and writes it)
+                raise self.unwritten(e) from None
 
 
 def format_eta(seconds):

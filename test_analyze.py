@@ -626,6 +626,25 @@ def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(answe
         assert (new / "prune.json").read_text() == '{"theirs": 1}'
 
 
+def test_prune_save_onto_a_full_disk_leaves_no_model_without_its_checkpoint(answer_run, tmp_path, capsys,
+                                                                           monkeypatch):
+    """--save whose checkpoint cannot be written (a full disk): one line, and its config.json and prune.json go too,
+    not a folder that no reader takes and that the same command then refuses (it holds a run)."""
+    new = tmp_path / "pruned"
+
+    def full(out_dir, *args, **kwargs):
+        raise cli.DataError(f"cannot write {out_dir}/ckpt.pt: No space left on device")
+
+    monkeypatch.setattr(runs, "save_checkpoint", full)
+    args = ["prune", "--out-dir", str(answer_run), "--top-p", "0.7", "--save", str(new)]
+    assert error_of(analyze.main, args, capsys, code=1) == f"analyze.py: error: cannot write {new}/ckpt.pt: No " \
+        "space left on device"
+    assert list(new.iterdir()) == []
+    monkeypatch.undo()
+    analyze.main(args)  # once there is room
+    assert sorted(p.name for p in new.iterdir()) == ["ckpt.pt", "config.json", "prune.json"]
+
+
 def test_mean_and_sample_sd_of_the_seeds():
     assert tables.mean_sd([0.5, 0.6, 0.7]) == pytest.approx((0.6, 0.1))  # sqrt((0.1^2 + 0 + 0.1^2) / (3 - 1))
     assert tables.mean_sd([4.0]) == (4.0, 0.0)

@@ -1,6 +1,10 @@
 """Speed and memory of every router against the baseline (bench.py), at toy sizes on the CPU."""
 
+import builtins
+import errno
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +13,7 @@ import pytest
 import torch
 
 import bench
+from conftest import error_of
 
 def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     path = tmp_path / "bench.json"
@@ -118,6 +123,25 @@ def test_bench_a_mode_whose_process_fails_is_one_line(tmp_path, capsys, monkeypa
         bench.main(["--device", "cpu", "--routers", "lime", "--json", str(path)])
     assert (e.value.code, capsys.readouterr().err) == (1, "bench.py: error: a fault\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_a_mode_process_that_cannot_write_its_figures_says_which_file(tmp_path, capsys, monkeypatch):
+    """A mode's process whose figures cannot be written (its temporary folder on a full disk) names the file, in one
+    line (the line its parent's 'its output is above' points to), not the output."""
+    class Full(io.BytesIO):
+        def write(self, b):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    path, real = tmp_path / "result.json", open
+
+    def full(file, *args, **kwargs):
+        return Full() if str(file).startswith(str(path)) else real(file, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", lambda *args: [{"router": "lime"}])
+    for module, name in ((builtins, "open"), (io, "open")):
+        monkeypatch.setattr(module, name, full)
+    assert error_of(bench.main, ["--device", "cpu", "--routers", "lime", "--worker", str(path)], capsys, code=1) == \
+        f"bench.py: error: cannot write {path}: No space left on device"
 
 
 def test_bench_compiled_models_run_each_alone_with_exact_ratios(capsys, monkeypatch):

@@ -154,6 +154,38 @@ def test_output_closed_by_its_reader_is_no_traceback(closed_and_broken_pipe):
     assert procs[1].returncode == 1 and "BrokenPipeError" in stderr
 
 
+def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
+    """`analyze.py table > out` on a full disk: a print that fails, or the output still buffered as the script ends
+    (which Python's exit would flush: two lines and exit 120), is one line and exit 1; and so is a folder made on a
+    full disk (a new --out-dir). Another error of a file's stays a fault to see."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class Buffered(io.StringIO):  # (what a print wrote waits in the buffer)
+        def flush(self):
+            raise full
+
+    class Unbuffered(io.StringIO):
+        def write(self, text):
+            raise full
+
+    for stdout in (Buffered, Unbuffered):
+        monkeypatch.setattr(sys, "stdout", stdout())
+        with pytest.raises(SystemExit) as e, cli.one_line_errors("analyze.py"):
+            print("a table")
+        assert e.value.code == 1
+        assert capsys.readouterr().err == "analyze.py: error: cannot write the output (No space left on device)\n"
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "mkdir", lambda path, mode=0o777: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))))
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
+        cli.hold_folder("out/new-run", "a test")
+    monkeypatch.undo()
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "train.py: error: cannot write out/new-run: No space left on device\n"
+    with pytest.raises(OSError, match="ckpt.pt"), cli.one_line_errors("analyze.py"):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), "ckpt.pt")
+
+
 def test_no_script_imports_another():
     """The scripts (the files with a __main__) import the modules, never a script: each reads on its own."""
     files = {p.stem: p.read_text() for p in Path(__file__).parent.glob("*.py")
@@ -374,6 +406,23 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
     assert set(tmp_path.iterdir()) == {path, writing, others, odd, near, no_pid}
 
 
+def test_what_a_killed_process_left_goes_before_the_write_needs_its_space(tmp_path):
+    """A temporary file that a process killed while writing left (a checkpoint's: GBs) goes before the new file is
+    written, not after it is whole: on a full disk, that write would fail for the space the leftover holds, again and
+    again, and the leftover stay."""
+    path, killed = tmp_path / "ckpt.pt", tmp_path / "ckpt.pt.999999999.tmp"
+    killed.write_bytes(b"half")
+    seen = []
+
+    def full(f):
+        seen.append(killed.exists())
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(cli.DataError, match="No space left on device"):
+        cli.atomic_write(path, full)
+    assert seen == [False] and not list(tmp_path.iterdir())
+
+
 def test_a_file_written_since_compares_unequal(tmp_path):
     """file_state (what bench.py's --json and arithmetic's meta.json are compared by) tells each change alone, the
     file's time set back as it was: replaced by a rename (its inode), appended to (its size), rewritten in place at
@@ -455,6 +504,23 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
             "[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: file write "
             "failed" if says.startswith("[") else says)
         assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
+
+    class Full(io.RawIOBase):  # a disk that fills up after 1000 bytes of a checkpoint
+        def __init__(self, f):
+            self.f = f
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if self.f.tell() + len(b) > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(b)
+
+    # torch.save's own error says where it stopped ("[enforce fail ...] unexpected pos 704 vs 598"), its write's why
+    with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}: No space left on device")):
+        cli.atomic_write(path, lambda f: torch.save({"model": torch.zeros(10_000)}, Full(f)))
+    assert list(tmp_path.iterdir()) == [path] and path.read_bytes() == b"old"
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {path}/x: {path} is a file, not a folder")):
         cli.atomic_write(path / "x", lambda f: f.write(b"new"))
     with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path}: {tmp_path} is not a file")):

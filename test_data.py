@@ -75,6 +75,43 @@ def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
     assert (tmp_path / "finewebedu_train_000001.bin").read_bytes() == files["finewebedu_train_000001.bin"]
 
 
+def test_a_download_onto_a_full_disk_is_one_line_and_resumes(serve, tmp_path, monkeypatch, capsys):
+    """The disk fills up during a download: one line that names the .part, which keeps what was written (a write
+    takes the part of a block that fits); once there is room, the same command resumes from there (HTTP Range)."""
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 1000)
+    files = fineweb_files(1)
+    server = serve(files)
+    real = open
+
+    class Full:  # room for 2500 bytes
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            if self.f.tell() >= 2500:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.f.write(bytes(b)[:2500 - self.f.tell()])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(prepare_data, "open", lambda path, *args, **kwargs: Full(real(path, *args, **kwargs)),
+                        raising=False)  # (the module opens the .part alone)
+    args = ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url]
+    part = tmp_path / "finewebedu_val_000000.bin.part"
+    assert error_of(prepare_data.main, args, capsys, code=1) == f"prepare_data.py: error: cannot write {part}: " \
+        f"{os.strerror(errno.ENOSPC)}; make room and run the same command again to resume"
+    data = files["finewebedu_val_000000.bin"]
+    assert part.read_bytes() == data[:2500]
+    monkeypatch.undo()
+    prepare_data.main(args)
+    assert [(tmp_path / name).read_bytes() for name in files] == list(files.values())
+    assert ("finewebedu_val_000000.bin", "bytes=2500-") in server.requests
+
+
 @pytest.mark.parametrize("bad, message", [
     (shard_bytes(range(100), magic=123), "bad magic"),
     (shard_bytes(range(100), count=500), "header announces 500 tokens"),

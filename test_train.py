@@ -4,6 +4,7 @@ stopping, signals save a checkpoint, flags come from the config, several process
 import contextlib
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
@@ -379,6 +380,86 @@ def test_a_disk_that_fails_while_a_run_is_saved_leaves_its_files_as_they_were(ar
         with pytest.raises(cli.DataError, match="Input/output error"):
             write()
         assert snapshot(run) == before
+
+
+def full_disk(monkeypatch, name, nth):
+    """From the `nth` time a file whose name begins with `name` is opened to be written (the log's appends,
+    atomic_write's temporary files), the disk is full: a write writes half of what it is given, then fails (ENOSPC)."""
+    real, opened = open, []
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            self.f.write(b[:len(b) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, key):
+            return getattr(self.f, key)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full(file, mode="r", *args, **kwargs):
+        f = real(file, mode, *args, **kwargs)
+        if Path(file).name.startswith(name) and mode[0] in "wa":
+            opened.append(file)
+            return Full(f) if len(opened) >= nth else f
+        return f
+
+    for module in (runs, cli):
+        monkeypatch.setattr(module, "open", full, raising=False)
+
+
+@pytest.mark.parametrize("name, nth, kept", [
+    ("log.jsonl", 9, 6),  # the row of step 7 (log interval 1), after the evaluation of step 6
+    ("ckpt.pt", 2, 6),  # the checkpoint of step 12
+    ("ckpt.pt", 1, None),  # the first one, of step 6
+    ("summary.json", 1, 12),
+])
+def test_a_full_disk_as_a_run_trains_is_one_line_and_the_run_goes_on_from_there(answer_dir, whole_run, tmp_path,
+                                                                                monkeypatch, capsys, name, nth, kept):
+    """A file of the run that cannot be written (a full disk) ends it with one line that names the file and says what
+    stays and what to do: --resume from the checkpoint before (a log row cut short is dropped), or --overwrite where
+    none was written; then the run is the one that never stopped."""
+    out = tmp_path / "run"
+    full_disk(monkeypatch, name, nth)
+    err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    then = "no checkpoint was written; start over with --overwrite" if kept is None else \
+        f"the checkpoint of step {kept} stays; continue with --resume"
+    assert err == f"train.py: error: cannot write {out / name}: {os.strerror(errno.ENOSPC)}: {then}"
+    assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
+    assert (out / "ckpt.pt").exists() == (kept is not None)
+    monkeypatch.undo()
+    train.main(tiny_args(answer_dir, out, "--overwrite" if kept is None else "--resume"))
+    assert_same_run(out, whole_run)
+
+
+def test_an_output_that_cannot_be_written_stops_the_run_with_a_checkpoint(answer_dir, whole_run, tmp_path,
+                                                                          monkeypatch, capsys):
+    """`python train.py > log` on a full disk: as a closed output (`| head`), the run stops with a checkpoint of its
+    last whole step (its row logged first), then says so in one line, exit 1; --resume goes on as if it had not."""
+    out = tmp_path / "run"
+
+    class Full(io.StringIO):
+        def write(self, text):
+            if text.startswith("step 8/"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
+    assert err == "train.py: error: cannot write the output (No space left on device): the checkpoint of step 8 " \
+        "stays; continue with --resume"
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 8 == max(train_losses(out))
+    monkeypatch.undo()
+    train.main(tiny_args(answer_dir, out, "--resume"))
+    assert_same_run(out, whole_run)
 
 
 def test_flags_come_from_the_config_fields():

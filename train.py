@@ -20,7 +20,8 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, SIZE, autocast_for, check_fields, compiles,
-                 dtype_for, lost_peer, option, peak_flops, peak_memory, pick_device, show_metrics, synchronize)
+                 dtype_for, lost_peer, option, output_failed, peak_flops, peak_memory, pick_device, show_metrics,
+                 synchronize)
 
 import json
 import math
@@ -316,6 +317,11 @@ def train(cfg, run):
     except BrokenPipeError:  # what reads the output closed it (`| head`): a checkpoint as for a signal, then exit 141
         run.output_closed(step)
         raise
+    except OSError as e:  # the output cannot be written (`> log`, its disk full): a checkpoint as for a signal, a line
+        if not output_failed(e):
+            raise
+        run.output_closed(step)
+        raise run.unwritten(f"cannot write the output ({e.strerror})") from None
     except FloatingPointError as e:
         run.diverged(e)  # exit 1; the last checkpoint, which was good, stays
     except RuntimeError as e:  # torchrun: another process is gone (killed, say), and a collective failed mid-step
