@@ -66,7 +66,8 @@ def main(script, argv, cls, presets, train, description=None):
     cfg = None
 
     def data_hint(e):  # for the data a run reads, how to make it, unless the message says so already
-        if cfg is None or cfg.data_dir not in str(e):
+        # (it names the data folder or a file in it: not a run's folder beside it, data/arithmetic-quick-runs)
+        if cfg is None or not re.search(re.escape(str(cfg.data_dir)) + r"(?![\w.-])", str(e)):
             return ""
         how = ""
         if "prepare_data.py" not in str(e):

@@ -427,7 +427,7 @@ def test_a_full_disk_as_a_run_trains_is_one_line_and_the_run_goes_on_from_there(
     """A file of the run that cannot be written (a full disk) ends it with one line that names the file and says what
     stays and what to do: --resume from the checkpoint before (a log row cut short is dropped), or --overwrite where
     none was written; then the run is the one that never stopped."""
-    out = tmp_path / "run"
+    out = Path(f"{answer_dir}-{tmp_path.name}")  # beside the data, its name longer: no advice to prepare the data
     full_disk(monkeypatch, name, nth)
     err = error_of(train.main, tiny_args(answer_dir, out), capsys, code=1)
     then = "no checkpoint was written; start over with --overwrite" if kept is None else \
