@@ -358,8 +358,9 @@ def run_grid(runs, args, extra):
             tables[split] = results_table(summaries, split)
             print(f"\naccuracy per tier (%), {split} split, {seeds}:\n{tables[split]}")
     if failed:
-        print(f"grid.py: error: {len(failed)} run(s) failed: {'; '.join(failed)} (see train.out in each)",
-              file=sys.stderr)
+        # (a run's last line advises train.py's --resume or --overwrite: here the grid's command does it for each)
+        print(f"grid.py: error: {len(failed)} run(s) failed: {'; '.join(failed)} (see train.out in each); once the "
+              "cause is mended, run the same command again to go on", file=sys.stderr)
         raise SystemExit(1)
     return tables
 

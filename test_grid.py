@@ -229,7 +229,7 @@ def test_a_run_that_fails_is_named_whatever_its_output_holds(tmp_path, capsys, t
                    str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: mod11-answer-operators-2 lime seed 1 (see " \
-        "train.out in each)\n"
+        "train.out in each); once the cause is mended, run the same command again to go on\n"
     assert f"FAILED, exit 1: train.py: error: --resume: {run / 'ckpt.pt'} is empty" in out
 
 
@@ -354,7 +354,8 @@ def test_a_grid_runs_jobs_at_a_time_and_a_run_that_exits_non_zero_failed(tmp_pat
     with pytest.raises(SystemExit) as e:
         grid.run_grid([("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in range(1, 6)], args, [])
     out, err = capsys.readouterr()
-    assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: regime lime seed 3 (see train.out in each)\n"
+    assert e.value.code == 1 and err == "grid.py: error: 1 run(s) failed: regime lime seed 3 (see train.out in " \
+        "each); once the cause is mended, run the same command again to go on\n"
     assert len(most) == 5 and max(most) == 2 and threads == {str(max(1, (os.cpu_count() or 1) // 2))}
     lines = [re.sub(r" \(\d+\.\d min\)$", "", line) for line in out.splitlines() if line.startswith("[")]
     assert lines == [f"[{n}/5] regime lime seed {n}: test {10 * n}.0%, val {5 * n}.0%" if n != 3 else
