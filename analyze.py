@@ -509,6 +509,7 @@ def main(argv=None):
     s.add_argument("--overwrite", action="store_true", help="let --save replace a run already in NEWDIR")
     s.add_argument("--device", default="auto", help=f"where to evaluate: {DEVICES}")
     s.add_argument("--data-dir", **runs.DATA_DIR)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # a command left out: the error names them, as the usage does
     with one_line_errors("analyze.py"):
         args = p.parse_args(argv)
         if args.command in ("table", "curves", "prune"):

@@ -182,6 +182,9 @@ def measure(routers, shape, args, device):
     autocast = autocast_for(device, args.dtype if is_cuda else "float32")
     B, T = shape["batch_size"], shape["block_size"]
     idx = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0)).to(device)
+    # what it is doing, in a run of several modes in this process (the table comes minutes later on a CPU)
+    say = (lambda what: None) if getattr(args, "worker", None) else (lambda what: print(f"  {what} ...", flush=True))
+    say(f"{len(routers)} mode(s) at {shape['n_layer']} layers: building them, {args.warmup} warm-up step(s) each")
     runners = [Runner(r, shape, device, args.compile == "on") for r in routers]
     for r in runners:  # warm-up: compilation, autotuning, the allocator's caches
         for _ in range(args.warmup):
@@ -189,6 +192,7 @@ def measure(routers, shape, args, device):
     synchronize(device)
     if is_cuda:  # from here on, the peak counts every allocation: weights, optimiser state, the step
         torch.cuda.reset_peak_memory_stats(device)
+    say(f"{args.steps} timed step(s) each, taking turns")
     for _ in range(args.steps):
         for r in runners:  # taking turns: A B C A B C ...
             t = time.perf_counter()
@@ -197,7 +201,11 @@ def measure(routers, shape, args, device):
             r.times.append(time.perf_counter() - t)
     memory = {r.router: torch.cuda.max_memory_allocated(device) for r in runners} if is_cuda else \
         {r.router: saved_bytes(r.model, idx) for r in runners}
+    if args.profile:
+        say("profiling each")
     profiles = {r.router: profile_steps(r, idx, autocast, device) for r in runners} if args.profile else {}
+    if args.gen_repeats:
+        say(f"generation, {args.gen_repeats} timing(s) each")
     for _ in range(args.gen_repeats):
         for r in runners:
             r.model.eval()

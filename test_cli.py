@@ -801,6 +801,8 @@ BAD_INPUTS = [
     ("grid", lambda a, r, t: ["--fields", "int", "--modulus", "11", "--out-dir", str(t / "g"), "--data-root",
                               str(t / "d")], 2, "--modulus is for the mod field, and --fields=int has none"),
 
+    ("analyze", lambda a, r, t: [], 2,  # (not argparse's bare "required: command": which ones)
+     "the following arguments are required: {routes,entropy,probe,table,curves,prune}"),
     ("analyze", lambda a, r, t: ["entropy", "--out-dir", str(r), "--num-seqs", "0"], 2, "--num-seqs must be positive"),
     ("analyze", lambda a, r, t: ["probe", "--out-dir", str(r), "--seq-len", "1"], 2,
      "--seq-len must be at least 2, got 1"),  # (a token and its next: what the language windows need at least)

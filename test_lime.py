@@ -623,10 +623,11 @@ def test_bad_router_strings(bad, why):
     # every method of this repo is a form, in the order defined (a fork's own may be among them, where it defines them)
     ours = ["none", "lime", "average", "dynamic", "last-J", "first-J", "hc[-J]", "hc-static[-J]", "dwa",
             "value-residual"]
-    forms = methods.router_forms()
-    assert [form for form in re.split(", | or ", forms) if form in ours] == ours
-    with pytest.raises(ValueError, match=re.escape(f"expected {forms} (J a positive integer); {why}")):
-        GPTConfig(router=bad)
+    with set_aside("previous"):  # (a fork that wrote the README's `Previous` has one: here, a name not yet joined)
+        forms = methods.router_forms()
+        assert [form for form in re.split(", | or ", forms) if form in ours] == ours
+        with pytest.raises(ValueError, match=re.escape(f"expected {forms} (J a positive integer); {why}")):
+            GPTConfig(router=bad)
 
 
 def test_a_module_of_methods_that_is_not_there_is_named(monkeypatch):
