@@ -30,7 +30,7 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
-                 default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
+                 default_shown, file_state, folder_problem, hold_folder, holding, is_accuracy, one_line_errors, option,
                  pick_device, read_json, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
@@ -40,6 +40,8 @@ from pruning import prunable_routers
 # without it nothing is written there
 RUN_FILES = ["ckpt.pt", "log.jsonl", "summary.json", "config.json", "prune.json", "routes.png", "entropy.png",
              "probe.png", "prune.png"]
+# what a folder another process holds may be, and what to do (train.py holds its --out-dir while it trains)
+TRAINING_THERE = "a train.py still training there? wait for it to end, or give another --out-dir"
 DATASETS = {"fineweb-edu": TokenData, "shakespeare": TokenData, "arithmetic": arithmetic.Data, "prosqa": prosqa.Data}
 
 
@@ -190,6 +192,9 @@ def resolve(argv, cls, presets, description=None):
     problem = folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
+    if processes()[0] == 0 and Path(cfg["out_dir"]).is_dir():  # (rank 0 holds it as the run begins; the others never)
+        with holding(cfg["out_dir"], TRAINING_THERE):  # first: a run in training there reads as one cut short below
+            pass
     seen = folder_state(cfg["out_dir"])  # before the checks read the folder (--resume: seconds of checkpoint)
     found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite and not never_trained(cfg["out_dir"], found):
@@ -497,8 +502,7 @@ class Run:
         --overwrite leaves, a resumed one keeps the log up to its checkpoint."""
         self.begun = True
         if self.master:
-            self.held = hold_folder(self.out_dir, "a train.py still training there? wait for it to end, or give "
-                                                  "another --out-dir")
+            self.held = hold_folder(self.out_dir, TRAINING_THERE)
             # between this run's checks and now (seconds of data and model), another process may have written a
             # finished run here (clear_run would delete it) or a checkpoint newer than the one --resume read
             refuse_changed(self.out_dir, self.seen, "while this run was starting")

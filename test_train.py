@@ -913,15 +913,16 @@ def test_a_run_from_init_from_resumes_with_the_command_that_started_it(answer_di
 
 def test_a_folder_another_run_trains_in_is_refused_and_kept(answer_dir, whole_run, tmp_path, capsys):
     """Two runs in one folder at once (a grid started again while its runs go on, a --resume while the run still trains)
-    would leave a log, a checkpoint and a summary of either: the second is refused before it writes a byte. A run lets
-    go of its folder when it ends, stopped or not: the resume tests train twice in one folder, in this process."""
+    would leave a log, a checkpoint and a summary of either: the second is refused before it writes a byte, a --dry-run
+    (grid.py's check of a run to go on with) too. A run lets go of its folder when it ends, stopped or not: the resume
+    tests train twice in one folder, in this process."""
     run = tmp_path / "run"
     shutil.copytree(whole_run, run)
     before = snapshot(run)
     held = cli.hold_folder(run, "a test")  # (flock: another open of the folder, as another process's would be)
-    try:
-        for again in ("--overwrite", "--resume"):
-            err = error_of(train.main, tiny_args(answer_dir, run, again, "--max-steps=13"), capsys)
+    try:  # whatever the flags: said first, not what the folder reads as (a run to resume, or --overwrite) as it trains
+        for again in (["--overwrite"], ["--resume"], [], ["--resume", "--dry-run"], ["--overwrite", "--dry-run"]):
+            err = error_of(train.main, tiny_args(answer_dir, run, *again, "--max-steps=13"), capsys)
             assert err == (f"train.py: error: {run} is in use by another process (a train.py still training there? "
                            "wait for it to end, or give another --out-dir)")
             assert snapshot(run) == before
