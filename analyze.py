@@ -183,11 +183,12 @@ def renyi_entropy(Z, alpha=1.0):
 
 
 def cmd_entropy(args):
-    runs_, counts = [], set()
+    runs_, counts, data = [], set(), {}
     for out_dir in args.out_dir:
         cfg, model = load(out_dir, args)
         per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
         counts.add(len(per_seq))
+        data[f"{cfg.router} ({Path(out_dir).name})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
         runs_.append((cfg.router, Path(out_dir).name, [
             [sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(cfg.n_layer)]
             for k in (0, 1)]))  # values, hidden
@@ -202,6 +203,9 @@ def cmd_entropy(args):
     print("layer " + "".join(f"{name:>{width}}" for name in curves))
     for l in range(max(len(c) for c in curves.values())):
         print(f"{l:>5} " + "".join(f"{c[l]:{width}.3f}" if l < len(c) else " " * width for c in curves.values()))
+    if len(set(data.values())) > 1:  # each run's entropies are over its own data's sequences
+        print("NOTE the runs read different data, so their columns compare representations of other text: " +
+              "; ".join(f"{run} {what}" for run, what in data.items()))
     save_plot(Path(args.out_dir[0]) / "entropy.png", curves, "layer", f"Renyi entropy (alpha {args.alpha}), nats",
               "representation entropy per layer")
     return curves

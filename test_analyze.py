@@ -103,13 +103,14 @@ def test_renyi_entropy_extremes():
         assert analyze.renyi_entropy(rescaled, alpha) == pytest.approx(analyze.renyi_entropy(Z, alpha), rel=1e-6)
 
 
-def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys, monkeypatch):
+def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, answer_dir, capsys, monkeypatch):
     base = tmp_path / "none"
     train.main(tiny_args(arith_dir, base, "--router=none", "--max-steps=2"))
     curves = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4"])
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
-    assert "matrix-based Renyi entropy (alpha 1.0) in nats" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "matrix-based Renyi entropy (alpha 1.0) in nats" in out and "NOTE" not in out  # (one data set)
     assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
     sequences = analyze.sequences  # a validation set of 3: fewer sequences than asked for
     monkeypatch.setattr(analyze, "sequences", lambda cfg, n, seq_len: sequences(cfg, min(n, 3), seq_len))
@@ -128,6 +129,13 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, capsys, monkey
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("layer"))
     assert re.split(" {2,}", header) == ["layer", *both]  # long names too, each in its column
     assert both[f"lime ({arith_run.name}) values"] == both["lime (again) values"]  # the same weights
+    other = tmp_path / "other"  # a run of another regime: its entropies are over other sequences, and it says so
+    train.main(tiny_args(answer_dir, other, "--max-steps=1"))
+    capsys.readouterr()
+    analyze.main(["entropy", "--out-dir", str(arith_run), str(other), "--num-seqs", "2"])
+    assert capsys.readouterr().out.splitlines()[-2] == (
+        f"NOTE the runs read different data, so their columns compare representations of other text: lime "
+        f"({arith_run.name}) int-steps, tiers 4,5,6 operands; lime (other) mod11-answer, tiers 2,3 operators")
 
 
 def test_linear_probe_separates_what_is_separable():
