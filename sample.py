@@ -52,12 +52,14 @@ class Codec:
     def encode(self, text):
         if self.arithmetic:
             # tokens as the task writes them, spaced: '(7+5)/3' reads as '( 7 + 5 ) / 3', not as one odd "number"
-            text = " ".join(re.findall(r"\d+|<eos>|\S", text.strip().removesuffix("=")))
+            typed = text.strip().removesuffix("=").strip()
+            text = " ".join(re.findall(r"\d+|<eos>|\S", typed))
             try:  # a clear error for anything that is not a task expression
                 self.task.parse(text)
                 return self.vocab.encode(text + " =")
-            except DataError as e:
-                raise UsageError(f"--start: {e}") from None
+            except DataError as e:  # it quotes the spaced text: what was typed too, where that differs ('hello')
+                typed = f" (the task's spacing of {typed[:200]!r}{'...' * (len(typed) > 200)})" * (typed != text)
+                raise UsageError(f"--start: {e}{typed}") from None
         if self.prosqa:  # the prompt as in training: end-of-text, the question, a newline
             return [self.stop] + self.enc.encode_ordinary(prosqa.texts(
                 dict(question=text.strip(), steps=[], answer=""))[0])

@@ -224,6 +224,7 @@ def test_sample_language_checkpoint(language_run, offline_gpt2, capsys, tmp_path
     (["--start", "1 + " * 31 + "1"], "the prompt is 64 tokens; the model's block size is 64"),  # no room for one more
     (["--start", "7 / 2"], "7 / 2 does not give a whole number"),
     (["--start", "7 + x"], "expected a number, got 'x'"),
+    (["--start", "7+hi"], "expected a number, got 'h' in '7 + h i' (the task's spacing of '7+hi')"),  # (as typed too)
     (["--start", "1000 - 1"], "1000 is out of the task's range 0..999"),
 ])
 def test_sample_bad_input(arith_run, capsys, args, message):
