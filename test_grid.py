@@ -301,8 +301,9 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, r
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
-    (["--routers", "lime,none", "--", "--router-top-p=0.9"], "train.py, as the grid runs it: --router-top-p applies to "
-     f"routers whose weights() is a learned Parameter itself, the same at every token ({PRUNABLE}), not --router=none"),
+    (["--routers", "lime,none", "--", "--router-top-p=0.9", "--prune-at=1"],
+     "train.py, as the grid runs it: --router-top-p applies to routers whose weights() is a learned Parameter "
+     f"itself, the same at every token ({PRUNABLE}), not --router=none"),
     # (each router's flags are checked)
 ])
 def test_grid_checks_everything_before_it_writes(tmp_path, capsys, refused, flags, message):
