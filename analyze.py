@@ -122,7 +122,7 @@ def cmd_routes(args):
     image = M.masked_fill(~sources_read(model), float("nan"))  # a source the layer does not read (a later one): blank
     note = " (the values; the keys are each layer's own)" * any(not r.keys for r in model.routers)
     note += " (the weights' part that is the same at every token)" * any(r.per_token for r in model.routers)
-    print(f"router {cfg.router}{note}: row = layer, column = source layer, % of mean |weight|")
+    print(f"router {cfg.router}{note}: row = layer, column = source layer: its share of the row's mean |weight|, in %")
     print_layer_map(image)
     save_plot(Path(args.out_dir[0]) / "routes.png", {}, "source layer", "layer",
               f"routing weights ({cfg.router}){note}", image=image.numpy())

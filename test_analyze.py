@@ -39,7 +39,7 @@ def test_routes_command(arith_run, capsys):
     M = analyze.main(["routes", "--out-dir", str(arith_run)])
     torch.testing.assert_close(M.sum(1), torch.ones(2))
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "router lime: row = layer, column = source layer, % of mean |weight|"
+    assert out[0] == "router lime: row = layer, column = source layer: its share of the row's mean |weight|, in %"
     # whole percentages: layer 0 reads itself alone (100), not layer 1 ('.'); layer 1's two shares make 100
     assert out[1:3] == ["         0   1", "   0:  100   ."]
     shares = [int(v) for v in re.fullmatch(r"   1: ( *\d+)( *\d+)", out[3]).groups()]
