@@ -465,7 +465,7 @@ def run_suite(args, argv, out):
     models it already holds (from this device, torch, dtype and compile setting: another's is an error) are kept,
     not measured again: a command cut short by a time limit goes on from its last model. A part's models are kept
     only from this very GPU (or host), so that its ratios come from one machine."""
-    kept = {}
+    kept, others = {}, []
     if args.json and Path(args.json).exists() and not args.overwrite:
         old = read_json(args.json, keys=("device", "torch", "dtype"))
         if "suite" not in old:
@@ -479,6 +479,8 @@ def run_suite(args, argv, out):
             raise UsageError(f"--json={args.json} holds the suite of {held[0]}, torch {held[1]}, {held[2]}, compile "
                              f"{held[3]}: give another file, or --overwrite to replace it")
         kept = {part["part"]: part for part in old["suite"]}
+        # the parts of an earlier SUITE (its routers grouped otherwise): not measured here, nor lost from the file
+        others = [part for name, part in kept.items() if name not in {f"{s}: {w}" for s, w in SUITE}]
     if not args.device.startswith("cuda") and any(f"{s}: {w}" not in kept for s, w in SUITE):  # (tests: small shapes)
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
@@ -490,7 +492,7 @@ def run_suite(args, argv, out):
 
     def save(what):
         if args.json:
-            write_json(args, out)
+            write_json(args, {**out, "suite": out["suite"] + others})
             print(f"wrote {args.json} ({what})")
 
     for shape_name, what in SUITE:
@@ -518,6 +520,7 @@ def run_suite(args, argv, out):
                     save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} models")
             report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
+    out["suite"] += others
     return out
 
 

@@ -256,6 +256,21 @@ def test_bench_suite_keeps_a_part_by_its_shape_too(tmp_path, capsys, monkeypatch
     assert again[1]["part"] == "t2: kernels" and again[1]["kernels"][-1]["op"] == "backward, layer 2"  # (t2's)
 
 
+def test_bench_suite_keeps_the_parts_of_an_earlier_suite_in_its_file(tmp_path, monkeypatch):
+    """A --suite file of an earlier SUITE (its routers grouped in other parts: hours of GPU figures) goes on with this
+    one's parts, and the earlier parts stay in the file, not dropped by its first write."""
+    monkeypatch.setitem(bench.SHAPES, "t1", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                                vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "SUITE", [("t1", "kernels")])
+    path = tmp_path / "suite.json"
+    earlier = {"part": "t1: none,lime,first-4", "results": [{"router": "none", "ms_per_step": 1.0}]}
+    path.write_text(json.dumps({"device": f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__,
+                                "dtype": "float32", "compile": "off", "suite": [earlier]}))
+    out = bench.main(["--device", "cpu", "--suite", "--steps", "1", "--json", str(path)])
+    assert [part["part"] for part in json.loads(path.read_text())["suite"]] == ["t1: kernels", earlier["part"]]
+    assert json.loads(path.read_text())["suite"][1] == earlier == out["suite"][1]
+
+
 def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypatch, capsys):
     """--kernels --sweep: the Triton kernels (here in Triton's CPU interpreter) at every tile of TILES; the
     kernels' own block sizes are left as they were."""
