@@ -460,6 +460,13 @@ def whole(result, routers, profile):
         all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
 
 
+def machine_of(device):
+    """The machine a --suite part is measured on: on CUDA its GPU, by the UUID no other GPU has (not the host's name
+    too: a container's changes from one start to the next, on the same GPU); on a CPU the host."""
+    uuid = device.startswith("cuda") and getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"GPU-{uuid}" if uuid else socket.gethostname()
+
+
 def run_suite(args, argv, out):
     """SUITE, part by part. With --json, the file is written after every part and every model, and the parts and
     models it already holds (from this device, torch, dtype and compile setting: another's is an error) are kept,
@@ -485,9 +492,7 @@ def run_suite(args, argv, out):
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
               file=sys.stderr)
-    # the machine, to its GPU: several of one kind may take turns, and a part's ratios come from one of them
-    machine = socket.gethostname() + (f" {getattr(torch.cuda.get_device_properties(args.device), 'uuid', '')}"
-                                      if args.device.startswith("cuda") else "")
+    machine = machine_of(args.device)  # (several GPUs of one kind may take turns: a part's ratios come from one)
     out["suite"] = []
 
     def save(what):

@@ -241,6 +241,16 @@ def test_bench_suite_goes_on_from_its_last_model_on_the_same_machine(tmp_path, c
         assert [c[-5] for c in commands] == anew
 
 
+def test_bench_suite_holds_a_part_to_its_gpu_not_to_the_host_name(monkeypatch):
+    """A part cut short is finished on the same GPU only: on CUDA the machine is the GPU's UUID, whatever the host is
+    called (a container's name changes from one start to the next, on the same GPU); on a CPU it is the host."""
+    names = iter(["container-1", "container-2", "container-3", "container-4"])
+    monkeypatch.setattr(bench.socket, "gethostname", lambda: next(names))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), dict(uuid="1234"))())
+    assert bench.machine_of("cuda") == bench.machine_of("cuda:0") == "GPU-1234"
+    assert bench.machine_of("cpu") != bench.machine_of("cpu")  # (the host's name: here, each call another)
+
+
 def test_bench_suite_keeps_a_part_by_its_shape_too(tmp_path, capsys, monkeypatch):
     """A part of --suite is kept by its name, shape and what it times both: the routing op timed at one shape is not
     kept for another's (the README's suite times it at 150m and at 1b)."""
