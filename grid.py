@@ -40,6 +40,9 @@ from methods import parse_router, router_forms
 from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
 from tables import by_setting, differences, results_table
 
+# what a grid's --out-dir that another process holds may be, and what to do
+GRID_THERE = "a grid.py still running there? wait for it to end, or give another --out-dir"
+
 LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # (for prctl)
 
 
@@ -150,6 +153,9 @@ def main(argv=None):
             problem = folder_problem(getattr(args, flag))
             if problem:
                 raise UsageError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: {problem}")
+        if Path(args.out_dir).is_dir():  # before the runs' checks: another grid's, in training there, read as a
+            with holding(args.out_dir, GRID_THERE):  # train.py's folder in use ("give another --out-dir": train.py's)
+                pass
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args, generate=False)
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
@@ -177,7 +183,7 @@ def main(argv=None):
         made = [Path(f) for f in (args.out_dir, args.data_root) if not Path(f).exists()]
         # held from here: a second grid there at once (it would start the same runs again, and the runs of both
         # would write one train.out) is refused before it writes
-        with holding(args.out_dir, "a grid.py still running there? wait for it to end, or give another --out-dir"):
+        with holding(args.out_dir, GRID_THERE):
             try:
                 fits = {}
                 for name, task in grid:

@@ -270,19 +270,22 @@ def test_a_run_finished_by_hand_while_the_grid_waited_for_it_is_kept(tmp_path, c
 def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, refused):
     """Two grids with one --out-dir at once started the same runs twice: each a second time once the other's had
     ended (over it), or refused as "in use" with the other run's last line of their shared train.out as its reason.
-    The second grid is refused before it starts a run; the first one's runs are its own."""
+    The second grid is refused before it starts a run, as the grid's folder, not as its first run's that the other
+    grid trains (train.py's "in use", as the grid checks that run's flags); the first one's runs are its own."""
     out = tmp_path / "out"
-    out.mkdir()
-    held = cli.hold_folder(out, "a test")  # (another process's grid)
+    run = out / "mod11-answer-operators-2" / "lime-seed1"
+    run.mkdir(parents=True)
+    held = [cli.hold_folder(folder, "a test") for folder in (out, run)]  # (another process's grid, and its run)
     try:
         err = error_of(grid.main, ["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40",
                                    "--test-size", "6", "--routers", "lime", "--seeds", "1", "--data-root",
                                    str(tmp_path / "data"), "--out-dir", str(out)], capsys)
     finally:
-        os.close(held)
+        for fd in held:
+            os.close(fd)
     assert err == f"grid.py: error: {out} is in use by another process (a grid.py still running there? wait for it " \
         "to end, or give another --out-dir)"
-    assert list(out.iterdir()) == [] and not (tmp_path / "data").exists()  # (nor its data made)
+    assert list(run.iterdir()) == [] and not (tmp_path / "data").exists()  # (nor its data made)
 
 
 @pytest.mark.parametrize("flags, message", [
