@@ -188,7 +188,7 @@ def cmd_entropy(args):
         cfg, model = load(out_dir, args)
         per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
         counts.add(len(per_seq))
-        data[f"{cfg.router} ({Path(out_dir).name})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
+        data[f"{cfg.router} ({out_dir})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
         runs_.append((cfg.router, Path(out_dir).name, [
             [sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(cfg.n_layer)]
             for k in (0, 1)]))  # values, hidden

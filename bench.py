@@ -450,12 +450,14 @@ def write_json(args, out):
     args.json_state = file_state(args.json)
 
 
-def whole(result, routers, profile):
+def whole(result, routers, args):
     """Whether a model's figures in a --suite file are what measure() writes for one of `routers`, with a profile
-    where this run asks for one: else (cut short, or damaged) the model is measured again."""
+    and a generation's speed where this run measures them: else (cut short, damaged, or measured otherwise) the
+    model is measured again."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
-    return isinstance(result, dict) and result.get("router") in routers and ("profile" in result) == profile and \
+    return isinstance(result, dict) and result.get("router") in routers and ("profile" in result) == args.profile \
+        and (result.get("gen_tokens_per_s") is None) == (args.gen_repeats == 0) and \
         all(number(result.get(k)) for k in ("ms_per_step", "tokens_per_s", "memory_bytes", "params")) and \
         all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
 
@@ -505,7 +507,7 @@ def run_suite(args, argv, out):
         tiles = json.loads(json.dumps(TILES)) if args.sweep and what == "kernels" else None  # (as the JSON holds it)
         old, routers = kept.get(name, {}), what.split(",")
         results = old.get("results") if isinstance(old.get("results"), list) else []
-        done = {r["router"]: r for r in results if whole(r, routers, args.profile)}
+        done = {r["router"]: r for r in results if whole(r, routers, args)}
         if what == "kernels" and old.get("tiles") == tiles and "kernels" in old or len(done) == len(routers):
             print(f"{name}: kept from {args.json}")  # (a sweep over other tiles, or none, is timed again)
             out["suite"].append(old)

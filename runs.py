@@ -216,9 +216,10 @@ def resolve(argv, cls, presets, description=None):
     except ValueError as e:
         raise UsageError(str(e)) from None
     if "router_top_p" in given and config.router_top_p > 0 and "prune_at" not in given and not resume:
-        # (its default, 0, prunes the initial weights: drawn, not learned; a run started so resumes without it)
+        # (its default, 0, prunes the weights the run starts from, drawn or --init-from's; a run started so resumes
+        # without it)
         raise UsageError("--router-top-p says how much to prune: give --prune-at too, the step at which to prune (0: "
-                         "the initial weights)")
+                         "the weights the run starts from)")
     world = processes()[1]
     if config.batch_size % (config.micro_batch_size * world):
         raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="

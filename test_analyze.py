@@ -135,7 +135,7 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, answer_dir, ca
     analyze.main(["entropy", "--out-dir", str(arith_run), str(other), "--num-seqs", "2"])
     assert capsys.readouterr().out.splitlines()[-2] == (
         f"NOTE the runs read different data, so their columns compare representations of other text: lime "
-        f"({arith_run.name}) int-steps, tiers 4,5,6 operands; lime (other) mod11-answer, tiers 2,3 operators")
+        f"({arith_run}) int-steps, tiers 4,5,6 operands; lime ({other}) mod11-answer, tiers 2,3 operators")
 
 
 def test_linear_probe_separates_what_is_separable():

@@ -834,7 +834,7 @@ BAD_INPUTS = [
                                                  "give --vocab-size=1024"),  # (a size that fits, padded to 64)
     ("train", train_args("--prune-at=3"), 2, "--prune-at says when to prune: give --router-top-p too"),
     ("train", train_args("--router-top-p=0.9"), 2, "--router-top-p says how much to prune: give --prune-at too, the "
-     "step at which to prune (0: the initial weights)"),  # (not the drawn weights pruned, without a word)
+     "step at which to prune (0: the weights the run starts from)"),  # (not the drawn weights pruned, without a word)
     ("train", train_args("--router-top-p=1.5"), 2, "--router-top-p must be in (0, 1]"),
     ("train", train_args("--router=dynamic", "--router-top-p=0.9"), 2, "--router-top-p applies to routers whose "
      "weights() is a learned Parameter itself, the same at every token"),

@@ -73,8 +73,8 @@ class TrainConfig(runs.EvalConfig):
     grad_clip: float = option(1.0, "clip the global gradient norm to this (0: off)", rule=NON_NEGATIVE)
     router_top_p: float = option(0.0, "if > 0, prune the router weights once to this top-p, at step --prune-at",
                                  rule=("in (0, 1] (0: no pruning)", lambda x: 0 <= x <= 1))
-    prune_at: int = option(0, "with --router-top-p: the step at which to prune (0: the initial weights, before "
-                              "training); pruned weights stay zero after it", rule=NON_NEGATIVE)
+    prune_at: int = option(0, "with --router-top-p: the step at which to prune (0: the weights the run starts from, "
+                              "drawn or --init-from's); pruned weights stay zero after it", rule=NON_NEGATIVE)
     eval_interval: int = option(500, "evaluate and save a checkpoint every this many steps", rule=POSITIVE)
     log_interval: int = option(10, "print a progress line every this many steps", rule=POSITIVE, **FREE)
     device: str = option("auto", DEVICES, **FREE)
