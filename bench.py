@@ -474,7 +474,7 @@ def run_suite(args, argv, out):
     models it already holds (from this device, torch, dtype and compile setting: another's is an error) are kept,
     not measured again: a command cut short by a time limit goes on from its last model. A part's models are kept
     only from this very GPU (or host), so that its ratios come from one machine."""
-    kept, others = {}, []
+    kept, others, names = {}, [], [f"{shape}: {what}" for shape, what in SUITE]
     if args.json and Path(args.json).exists() and not args.overwrite:
         old = read_json(args.json, keys=("device", "torch", "dtype"))
         if "suite" not in old:
@@ -489,8 +489,8 @@ def run_suite(args, argv, out):
                              f"{held[3]}: give another file, or --overwrite to replace it")
         kept = {part["part"]: part for part in old["suite"]}
         # the parts of an earlier SUITE (its routers grouped otherwise): not measured here, nor lost from the file
-        others = [part for name, part in kept.items() if name not in {f"{s}: {w}" for s, w in SUITE}]
-    if not args.device.startswith("cuda") and any(f"{s}: {w}" not in kept for s, w in SUITE):  # (tests: small shapes)
+        others = [part for name, part in kept.items() if name not in names]
+    if not args.device.startswith("cuda") and any(name not in kept for name in names):  # (tests: small shapes)
         print(f"note: --suite on {args.device} times the GPU shapes ({', '.join(dict.fromkeys(s for s, _ in SUITE))}), "
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
               file=sys.stderr)
@@ -502,8 +502,8 @@ def run_suite(args, argv, out):
             write_json(args, {**out, "suite": out["suite"] + others})
             print(f"wrote {args.json} ({what})")
 
-    for shape_name, what in SUITE:
-        name, shape = f"{shape_name}: {what}", SHAPES[shape_name]
+    for name, (shape_name, what) in zip(names, SUITE):
+        shape = SHAPES[shape_name]
         tiles = json.loads(json.dumps(TILES)) if args.sweep and what == "kernels" else None  # (as the JSON holds it)
         old, routers = kept.get(name, {}), what.split(",")
         results = old.get("results") if isinstance(old.get("results"), list) else []
@@ -524,7 +524,9 @@ def run_suite(args, argv, out):
                     part["results"].append(done[router])
                 else:
                     part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
-                    save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} models")
+                    if i + 1 < len(routers):  # (after its last, the part's own write below)
+                        save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} "
+                             "models")
             report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
     out["suite"] += others

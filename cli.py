@@ -305,6 +305,12 @@ def hold_folder(folder, whose, wait=False):
     return fd
 
 
+def refuse_held(folder, whose):
+    """hold_folder's UsageError where another process holds `folder`; else nothing, nothing held and no folder made."""
+    if Path(folder).is_dir():
+        os.close(hold_folder(folder, whose))
+
+
 @contextmanager
 def holding(folder, whose):
     """hold_folder(folder, whose) for the body of a `with`."""

@@ -21,7 +21,7 @@ already (each unfinished run by train.py --resume --dry-run).
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DataError, Parser, UsageError, a_path, check_a_file, folder_problem, holding, one_line_errors,
-                 read_json)
+                 read_json, refuse_held)
 
 import ctypes
 import json
@@ -153,9 +153,8 @@ def main(argv=None):
             problem = folder_problem(getattr(args, flag))
             if problem:
                 raise UsageError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: {problem}")
-        if Path(args.out_dir).is_dir():  # before the runs' checks: another grid's, in training there, read as a
-            with holding(args.out_dir, GRID_THERE):  # train.py's folder in use ("give another --out-dir": train.py's)
-                pass
+        # before the runs' checks: another grid's runs, in training there, read as train.py's folders in use
+        refuse_held(args.out_dir, GRID_THERE)
         for name, task in grid:
             prepare(Path(args.data_root) / name, task, args, generate=False)
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers

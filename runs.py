@@ -30,8 +30,8 @@ import torch
 import arithmetic
 import prosqa
 from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
-                 default_shown, file_state, folder_problem, hold_folder, holding, is_accuracy, one_line_errors, option,
-                 pick_device, read_json, same_folder)
+                 default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
+                 pick_device, read_json, refuse_held, same_folder)
 from data import TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -192,9 +192,8 @@ def resolve(argv, cls, presets, description=None):
     problem = folder_problem(cfg["out_dir"])
     if problem:
         raise UsageError(f"--out-dir={cfg['out_dir']}: {problem}")
-    if processes()[0] == 0 and Path(cfg["out_dir"]).is_dir():  # (rank 0 holds it as the run begins; the others never)
-        with holding(cfg["out_dir"], TRAINING_THERE):  # first: a run in training there reads as one cut short below
-            pass
+    if processes()[0] == 0:  # (rank 0 holds it as the run begins; the others never)
+        refuse_held(cfg["out_dir"], TRAINING_THERE)  # first: a run in training there reads as one cut short below
     seen = folder_state(cfg["out_dir"])  # before the checks read the folder (--resume: seconds of checkpoint)
     found = run_files(cfg["out_dir"])
     if found and not resume and not overwrite and not never_trained(cfg["out_dir"], found):
@@ -531,11 +530,18 @@ class Run:
     def log(self, **record):
         """A row of <out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
         if self.master:
-            try:
-                with open(self.out_dir / "log.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            except OSError as e:  # a full disk: one line (a row cut short is dropped as --resume reads the log)
-                raise self.unwritten(f"cannot write {self.out_dir / 'log.jsonl'}: {e.strerror or e}") from None
+            with self.writing("log.jsonl"), open(self.out_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")  # (a row cut short by a full disk: --resume drops it)
+
+    @contextmanager
+    def writing(self, name):
+        """Around a write of the run's file `name` as it trains: a full disk is one line, unwritten()'s."""
+        try:
+            yield
+        except DataError as e:  # (atomic_write's, or torch.save's through it: the file before stays)
+            raise self.unwritten(e) from None
+        except OSError as e:  # (an append's)
+            raise self.unwritten(f"cannot write {self.out_dir / name}: {e.strerror or e}") from None
 
     def unwritten(self, problem):
         """A DataError for a file of the run that cannot be written as it trains (a full disk): what stays, and what to
@@ -560,11 +566,9 @@ class Run:
         """A checkpoint of `step` (not again if the one on disk is of that step, and as pruned)."""
         if self.master and (step, self.pruned_at) != (self.saved_step, self.saved_pruned_at):
             with self.signals.hold():  # a signal now waits until the file is whole
-                try:
+                with self.writing("ckpt.pt"):
                     save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
                                     self.router_mask, self.pruned_at)
-                except DataError as e:  # (the one before stays)
-                    raise self.unwritten(e) from None
                 self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):
@@ -605,10 +609,8 @@ class Run:
 
     def finish(self, summary):
         if self.master:
-            try:
+            with self.writing("summary.json"):  # (then --resume evaluates the last step again, and writes it)
                 atomic_write(self.out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-            except DataError as e:  # (--resume evaluates the last step again, and writes it)
-                raise self.unwritten(e) from None
 
 
 def format_eta(seconds):
