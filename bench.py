@@ -224,10 +224,18 @@ def measure(routers, shape, args, device):
         results.append(dict(router=r.router, ms_per_step=ms, tokens_per_s=tok_s, memory_bytes=memory[r.router],
                             gen_tokens_per_s=gen, params=r.model.num_params()["total"],
                             mfu=r.model.estimate_flops(T) * tok_s / peak if peak else None,
-                            flops_per_token=r.model.estimate_flops(T)))
+                            flops_per_token=r.model.estimate_flops(T), measured=measured_as(args)))
         if args.profile:
             results[-1]["profile"] = profiles[r.router]
     return results
+
+
+def measured_as(args, kernels=False):
+    """How a model (or the routing op alone) was timed: --suite keeps a figure only where it was timed as this run
+    times, so that a part resumed with other flags does not set figures of 5 steps beside figures of 10."""
+    return dict(steps=args.steps) if kernels else \
+        dict(steps=args.steps, warmup=args.warmup, gen_tokens=args.gen_tokens, gen_repeats=args.gen_repeats,
+             profile=args.profile)
 
 
 def measure_alone(router, shape, args, argv):
@@ -451,13 +459,14 @@ def write_json(args, out):
 
 
 def whole(result, routers, args):
-    """Whether a model's figures in a --suite file are what measure() writes for one of `routers`, with a profile
-    and a generation's speed where this run measures them: else (cut short, damaged, or measured otherwise) the
-    model is measured again."""
+    """Whether a model's figures in a --suite file are what measure() writes for one of `routers`, timed as this
+    run times them (steps, warm-up, generation, profile): else (cut short, damaged, or measured otherwise) the model
+    is measured again."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
-    return isinstance(result, dict) and result.get("router") in routers and ("profile" in result) == args.profile \
-        and (result.get("gen_tokens_per_s") is None) == (args.gen_repeats == 0) and \
+    return isinstance(result, dict) and result.get("router") in routers and result.get("measured") == \
+        measured_as(args) and ("profile" in result) == args.profile and \
+        (result.get("gen_tokens_per_s") is None) == (args.gen_repeats == 0) and \
         all(number(result.get(k)) for k in ("ms_per_step", "tokens_per_s", "memory_bytes", "params")) and \
         all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
 
@@ -508,11 +517,13 @@ def run_suite(args, argv, out):
         old, routers = kept.get(name, {}), what.split(",")
         results = old.get("results") if isinstance(old.get("results"), list) else []
         done = {r["router"]: r for r in results if whole(r, routers, args)}
-        if what == "kernels" and old.get("tiles") == tiles and "kernels" in old or len(done) == len(routers):
+        if what == "kernels" and (old.get("tiles"), old.get("measured")) == (tiles, measured_as(args, True)) \
+                and "kernels" in old or len(done) == len(routers):
             print(f"{name}: kept from {args.json}")  # (a sweep over other tiles, or none, is timed again)
             out["suite"].append(old)
         elif what == "kernels":
-            out["suite"].append(dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles))
+            out["suite"].append(dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles,
+                                     measured=measured_as(args, True)))
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:

@@ -186,13 +186,13 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
     except OSError as e:
         if type(e) is OSError and e.filename is not None and e.errno in CANNOT_WRITE:  # a folder made on a full disk
             fail(script, f"error: cannot write {e.filename}: {e.strerror}", 1)
-        if not output_failed(e):
+        if not (what := output_failed(e)):
             raise  # any other: a fault to see
         try:  # what is left in stdout's buffer goes nowhere (else Python's flush at exit fails again)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError):  # (no real stdout: a test's capture)
             pass
-        fail(script, f"error: cannot write the output ({e.strerror})", 1)
+        fail(script, f"error: {what}", 1)
     finally:
         if own and script == SCRIPT:  # the script is done (not a main() that another program of ours calls): Python
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # takes 0.3 s to shut down, where a Ctrl-C printed a traceback
@@ -210,10 +210,16 @@ CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 def output_failed(e):
-    """Whether `e` is what a write to the output raises when it cannot be written (`> log` on a full disk, or on a disk
-    that fails: EIO): an OSError of no file's. (Every write of a file of ours says its name: atomic_write, a run's
-    log, a download's .part.)"""
-    return type(e) is OSError and e.filename is None and e.errno in (*CANNOT_WRITE, errno.EIO)
+    """What went wrong, where `e` is what a write to the output raises when it cannot be written (`> log` on a full
+    disk, or on a disk that fails: EIO): an OSError of no file's. (Every write of a file of ours says its name:
+    atomic_write, a run's log, a download's .part.) None for any other error."""
+    if type(e) is not OSError or e.filename is not None:
+        return None
+    if e.errno in CANNOT_WRITE:
+        return f"cannot write the output ({e.strerror})"
+    # NOTE a read that fails says no file's name either (numpy's, a torch.load's): EIO may be either, so say both
+    return e.errno == errno.EIO and "input/output error, writing the output or reading a file (a failing disk, or a " \
+        "terminal gone)" or None
 
 
 def stdout_closed():

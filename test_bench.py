@@ -106,6 +106,11 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     out = capsys.readouterr().out
     assert "t1: kernels: kept" not in out and "t1: none,lime: kept from" in out
     assert json.loads(path.read_text())["suite"][0]["tiles"] is None
+    commands.clear()  # timed over 2 steps now: not beside the file's figures of 1 step, in a part or its ratios
+    again = bench.main([*argv[:3], "--steps", "2", *argv[5:]])["suite"]
+    assert "kept" not in capsys.readouterr().out and len(commands) == 3
+    assert {part.get("measured", {}).get("steps") for part in again} == {2, None} and \
+        {r["measured"]["steps"] for part in again[1:] for r in part["results"]} == {2}
 
 
 def test_bench_a_mode_whose_process_fails_is_one_line(tmp_path, capsys, monkeypatch):

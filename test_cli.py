@@ -174,6 +174,12 @@ def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
             print("a table")
         assert e.value.code == 1
         assert capsys.readouterr().err == "analyze.py: error: cannot write the output (No space left on device)\n"
+    # a read that fails names no file either (numpy's): an input/output error is not blamed on the output alone
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    with pytest.raises(SystemExit) as e, cli.one_line_errors("train.py"):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    assert e.value.code == 1 and capsys.readouterr().err == "train.py: error: input/output error, writing the output " \
+        "or reading a file (a failing disk, or a terminal gone)\n"
     monkeypatch.undo()
     monkeypatch.setattr(os, "mkdir", lambda path, mode=0o777: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))))

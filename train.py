@@ -318,10 +318,10 @@ def train(cfg, run):
         run.output_closed(step)
         raise
     except OSError as e:  # the output cannot be written (`> log`, its disk full): a checkpoint as for a signal, a line
-        if not output_failed(e):
+        if not (what := output_failed(e)):
             raise
         run.output_closed(step)
-        raise run.unwritten(f"cannot write the output ({e.strerror})") from None
+        raise run.unwritten(what) from None
     except FloatingPointError as e:
         run.diverged(e)  # exit 1; the last checkpoint, which was good, stays
     except RuntimeError as e:  # torchrun: another process is gone (killed, say), and a collective failed mid-step
