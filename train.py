@@ -186,8 +186,8 @@ def train(cfg, run):
     autocast = autocast_for(device, dtype)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    else:  # NOTE a CPU takes a slow path for subnormal floats (under 1.2e-38), which a run's tiny gradients become
-        torch.set_flush_denormal(True)  # late on: steps went 1.6x slower by step 34k of the arithmetic task; now zeros
+    else:  # NOTE a CPU takes a slow path for subnormal floats (under 1.2e-38), which the tiny gradients of a run
+        torch.set_flush_denormal(True)  # late in training become: here they are zeros (README, the arithmetic task)
 
     # data, checked against the model's vocabulary and block size (an offline preset generates its task first).
     # A task (samples, not token shards) may give the run's length in epochs of len(train) samples
