@@ -208,10 +208,14 @@ def whole_run(answer_dir, tmp_path_factory):
 
 
 def assert_same_run(out, whole):
-    """The same weights and the same log rows, evaluations included, exactly (on CPU); only the timings differ."""
+    """The same weights and the same log rows, evaluations included, exactly (on CPU); only the timings differ, and
+    the resumed run's log has a row for each session it ran (the whole run's: one, at step 0)."""
     timing = ("ms_per_step", "tokens_per_s")
-    rows = [[{k: v for k, v in r.items() if k not in timing} for r in read_log(d)] for d in (out, whole)]
+    rows = [[{k: v for k, v in r.items() if k not in timing} for r in read_log(d) if "session" not in r]
+            for d in (out, whole)]
     assert rows[0] == rows[1]
+    sessions = [[r["step"] for r in read_log(d) if "session" in r] for d in (out, whole)]
+    assert sessions[1] == [0] and sessions[0][0] == 0 and sessions[0] == sorted(sessions[0])
     a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (whole, out))
     assert all(torch.equal(a[k], b[k]) for k in a)
 

@@ -449,7 +449,7 @@ class Run:
         if resume is not None and (self.out_dir / "log.jsonl").exists():
             rows, self.notice = read_log(self.out_dir / "log.jsonl", "; move the log away to resume without it")
             final = self.saved_step == cfg.max_steps  # its evaluation is done again: it has to see the test split
-            again = ["val_loss"] if final else []
+            again = ["val_loss", "session"] if final else ["session"]  # (a session of no step: this one's instead)
             if self.pruned_at != self.saved_step:  # a pruning the checkpoint does not hold (killed before it saved)
                 again.append("router_pruned")
             self.rows = [row for row in rows if row["step"] < self.saved_step or
@@ -556,6 +556,24 @@ class Run:
         row = next((r for r in self.rows if r["step"] == step and "val_loss" in r), None)
         return row and {k: v for k, v in row.items() if k != "step"}
 
+    def session(self, step, **where):
+        """This session's row of the log (its first step, and where and how it runs: device, dtype, ...), and a note
+        if the run's last session ran on another kind of device or in another dtype: the arithmetic changes there,
+        and so does the log's ms/step, which nothing else would explain. Returns the note, or None."""
+        earlier = next((r["session"] for r in reversed(self.rows) if isinstance(r.get("session"), dict)), None)
+        self.log(step=step, session=where)
+        self.rows.append(dict(step=step, session=where))  # (the summary lists every session: sessions())
+        kind = lambda w: (str(w.get("device")).split(":")[0], w.get("dtype"))
+        if earlier is not None and kind(earlier) != kind(where):
+            return (f"NOTE this run ran on {earlier.get('device')} in {earlier.get('dtype')} until step {step}; from "
+                    f"here it runs on {where['device']} in {where['dtype']} (log.jsonl has a row for each session)")
+        return None
+
+    def sessions(self):
+        """Where each session of the run ran, from its first step: [{step, device, dtype, ...}], as the log says
+        (a run begun before the log held sessions: only those since)."""
+        return [{"step": r["step"], **r["session"]} for r in self.rows if isinstance(r.get("session"), dict)]
+
     def pruned(self, step, mask, pruned, total):
         """The routers were pruned at `step` (--prune-at): every checkpoint from now on holds the mask and says so
         (one of this step, saved before the pruning by its evaluation, is saved again), and the log has its row."""
@@ -656,15 +674,17 @@ def run_files(out_dir):
 
 
 def never_trained(out_dir, found):
-    """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and an
-    empty log.jsonl alone, as a run out of memory in its first step leaves, or one stopped as it began (a signal
-    before its loop). Nothing there to keep: the same command runs again, without --overwrite. A config.json that
-    is not a run's (a file of the user's by that name) is something to keep."""
+    """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and a
+    log.jsonl of no row but its session's (Run.session) alone, as a run out of memory in its first step leaves, or one
+    stopped as it began (a signal before its loop). Nothing there to keep: the same command runs again, without
+    --overwrite. A config.json that is not a run's (a file of the user's by that name) is something to keep."""
     log, config = Path(out_dir) / "log.jsonl", Path(out_dir) / "config.json"
-    if not (set(found) <= {"config.json", "log.jsonl"} and (not log.exists() or log.stat().st_size == 0)):
+    if not set(found) <= {"config.json", "log.jsonl"} or log.exists() and log.stat().st_size > 4096:
         return False
-    try:
-        return not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys()
+    try:  # (a run's first session begins at step 0; its log is empty if it stopped before that row)
+        rows = [json.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
+        return all(row.keys() == {"step", "session"} and row["step"] == 0 for row in rows) and \
+            (not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys())
     except (ValueError, AttributeError):  # (not JSON, not UTF-8, or JSON but no object)
         return False
 

@@ -110,7 +110,7 @@ def results_table(summaries, split="test"):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
     rows = by_setting(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(summaries, metrics) + unshown_differences(rows)
+        return single_run_table(summaries, metrics) + unshown_differences(rows) + where_they_ran(summaries)
     scale = {m: 100 if is_accuracy(m) else 1 for m in metrics}  # accuracies in %
     digits = {m: 1 if is_accuracy(m) else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
@@ -127,7 +127,7 @@ def results_table(summaries, split="test"):
             cells.append("-" if lime is None or router == "lime" else
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + unshown_differences(rows)
+    return "\n".join(lines) + unshown_differences(rows) + where_they_ran(summaries)
 
 
 def row_name(key, keys):
@@ -159,6 +159,26 @@ def unshown_differences(rows):
             which = f" of {regime}" if len(regimes) > 1 else ""
             notes.append(f"\n\nNOTE the rows{which} differ in more than their router: " + "; ".join(values))
     return "".join(notes)
+
+
+def where_they_ran(summaries):
+    """A note for under a table whose runs did not all run on one kind of device in one dtype, as their summaries'
+    sessions say (a run resumed on a CPU after a GPU: float32 from there, where the GPU ran bf16): which runs ran
+    how. '' where they all ran alike, or their summaries do not say (runs older than the sessions)."""
+    how = {}
+    for s in summaries:
+        sessions = s.get("sessions") if isinstance(s.get("sessions"), list) else []
+        path, last = [], None  # each change of device kind or dtype: "cuda bfloat16", "cpu float32 from step 34000"
+        for x in (x for x in sessions if isinstance(x, dict)):
+            kind = f"{str(x.get('device')).split(':')[0]} {x.get('dtype')}"
+            if kind != last:
+                path.append(kind if last is None else f"{kind} from step {x.get('step')}")
+                last = kind
+        if path:
+            how.setdefault(", then ".join(path), []).append(f"{s.get('router')} seed {s.get('seed')}")
+    if len(how) < 2 and not any(", then " in k for k in how):
+        return ""
+    return "\n\nNOTE these runs did not all run alike: " + "; ".join(f"{k} ({', '.join(v)})" for k, v in how.items())
 
 
 def single_run_table(summaries, metrics):

@@ -322,6 +322,26 @@ def test_a_table_of_routers_trained_differently_says_how(tmp_path):
     assert "NOTE" not in tables.results_table([new, old])  # the old one has no lr to compare
 
 
+def test_a_table_of_runs_that_ran_in_other_precisions_says_which():
+    """A run resumed on a CPU after a GPU ran its last steps in float32 where its rivals ran bf16 throughout: a NOTE
+    under the table says which run ran how (from the summaries' sessions); none where they all ran alike."""
+    def run(router, seed, *sessions):
+        return dict(router=router, preset="tiny", seed=seed, steps=9, val_ppl=2.0 + seed,
+                    sessions=[dict(step=step, device=device, dtype=dtype, compile=True, world_size=1)
+                              for step, device, dtype in sessions])
+
+    gpu = (0, "cuda:0", "bfloat16")
+    alike = [run("none", 1, gpu), run("none", 2, gpu, (5, "cuda", "bfloat16")), run("lime", 1, gpu)]
+    assert "NOTE" not in tables.results_table(alike)
+    assert "NOTE" not in tables.results_table([*alike, dict(router="lime", preset="tiny", seed=2, steps=9, val_ppl=3)])
+    moved = run("lime", 2, gpu, (4, "cpu", "float32"), (6, "cpu", "float32"))
+    assert tables.results_table([*alike, moved]).endswith(
+        "\n\nNOTE these runs did not all run alike: cuda bfloat16 (none seed 1, none seed 2, lime seed 1); "
+        "cuda bfloat16, then cpu float32 from step 4 (lime seed 2)")
+    assert tables.results_table([moved]).endswith("NOTE these runs did not all run alike: cuda bfloat16, then cpu "
+                                                  "float32 from step 4 (lime seed 2)")  # one run, two precisions
+
+
 def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
     """grid.py fits each regime's block and vocabulary to its data: rows of two regimes that differ in those alone
     get no NOTE (every default grid's table did); rows of one regime do, and so does a row fine-tuned from a run

@@ -417,7 +417,7 @@ def full_disk(monkeypatch, name, nth):
 
 
 @pytest.mark.parametrize("name, nth, kept", [
-    ("log.jsonl", 9, 6),  # the row of step 7 (log interval 1), after the evaluation of step 6
+    ("log.jsonl", 10, 6),  # the row of step 7 (log interval 1), after the evaluation of step 6
     ("ckpt.pt", 2, 6),  # the checkpoint of step 12
     ("ckpt.pt", 1, None),  # the first one, of step 6
     ("summary.json", 1, 12),
@@ -608,7 +608,8 @@ def test_a_run_that_never_logged_a_step_is_run_again_by_the_same_command(answer_
     monkeypatch.setattr(arithmetic.Data, "batch", out_of_memory)
     out = tmp_path / "run"
     assert "out of memory" in error_of(train.main, tiny_args(answer_dir, out, "--max-steps=2"), capsys, code=1)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "log.jsonl"] and not (out / "log.jsonl").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "log.jsonl"]
+    assert [r.keys() for r in read_log(out)] == [{"step", "session"}]  # where it ran, and no step
     monkeypatch.undo()
     train.main(tiny_args(answer_dir, out, "--max-steps=2", "--micro-batch-size=2", "--eval-interval=2"))
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
@@ -828,7 +829,8 @@ def test_resume_after_a_cut_in_the_final_evaluation_only_evaluates(answer_dir, t
     assert {k: new[k] for k in ("steps", "val_loss", "acc_2", "acc_3", "val_acc_3")} == \
         {k: old[k] for k in ("steps", "val_loss", "acc_2", "acc_3", "val_acc_3")}
     assert "step 1/" not in capsys.readouterr().out  # no training step was taken
-    assert read_log(run) == log  # the loss of step 5 kept, its evaluation done again, to the same row
+    session = dict(step=5, session=dict(device="cpu", dtype="float32", compile=False, world_size=1))
+    assert read_log(run) == [*log[:-1], session, log[-1]]  # step 5's loss kept, its evaluation done again, the same
     err = error_of(train.main, tiny_args(answer_dir, run, "--max-steps=5", "--resume"), capsys)  # finished now
     assert "already at max_steps=5" in err
 
@@ -1073,6 +1075,24 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
+
+
+def test_a_session_in_another_precision_is_said_and_logged(answer_dir, tmp_path, capsys):
+    """A run resumed where its arithmetic changes (a CPU after a GPU; here float32 after bfloat16) says so as it
+    begins; its log has a row for each session, and its summary lists them: where each step ran stays on record."""
+    run = tmp_path / "run"
+    train.main(tiny_args(answer_dir, run, "--max-steps=4", "--stop-at=2", "--dtype=bfloat16"))
+    capsys.readouterr()
+    train.main(tiny_args(answer_dir, run, "--max-steps=4", "--resume", "--stop-at=3", "--dtype=float32"))
+    assert "NOTE this run ran on cpu in bfloat16 until step 2; from here it runs on cpu in float32" in \
+        capsys.readouterr().out
+    train.main(tiny_args(answer_dir, run, "--max-steps=4", "--resume"))  # as the session before it: nothing said
+    assert "NOTE" not in capsys.readouterr().out
+    where = dict(device="cpu", compile=False, world_size=1)
+    sessions = [dict(step=0, dtype="bfloat16", **where), dict(step=2, dtype="float32", **where),
+                dict(step=3, dtype="float32", **where)]
+    assert [dict(step=r["step"], **r["session"]) for r in read_log(run) if "session" in r] == sessions
+    assert json.loads((run / "summary.json").read_text())["sessions"] == sessions
 
 
 def test_language_data_cannot_move_under_a_resumed_run(language_run, tmp_path, capsys):

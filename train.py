@@ -79,7 +79,7 @@ class TrainConfig(runs.EvalConfig):
     log_interval: int = option(10, "print a progress line every this many steps", rule=POSITIVE, **FREE)
     device: str = option("auto", DEVICES, **FREE)
     dtype: str = option("auto", "autocast dtype (auto: bfloat16 on CUDA, else float32)",
-                        choices=("auto", "bfloat16", "float32"))
+                        choices=("auto", "bfloat16", "float32"), **FREE)
     compile: str = option("auto", "torch.compile (auto: on for CUDA)", choices=COMPILE, **FREE)
     seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
@@ -230,6 +230,8 @@ def train(cfg, run):
     say(f"{'resuming at step ' + str(step) if step else 'training'} on {device} ({world} process(es), {dtype}, "
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, {method_params}; "
         f"{accum} micro-step(s) of {cfg.micro_batch_size} per step")
+    if note := run.session(step, device=device, dtype=dtype, compile=compiled, world_size=world):
+        say(note)  # resumed on another kind of device (a CPU after a GPU): its precision changes from here
 
     def evaluate_and_save(step):
         """Validation (and at max_steps the test split too), its log line, a check and a checkpoint."""
@@ -341,7 +343,8 @@ def train(cfg, run):
                         parameters=counts, steps=step, tokens_seen=step * tokens_per_step, **metrics,
                         router_pruned=pruned,
                         tokens_per_s=tokens_per_step * timed_steps / max(timed_seconds, 1e-9),
-                        peak_memory_bytes=peak_memory(device), device=device, world_size=world, config=asdict(cfg)))
+                        peak_memory_bytes=peak_memory(device), device=device, world_size=world,
+                        sessions=run.sessions(), config=asdict(cfg)))
         say(f"done: {run.out_dir / 'summary.json'}: {show_metrics(metrics)}")
     if ddp:
         dist.barrier()  # let rank 0 finish writing before the group goes away
