@@ -367,6 +367,16 @@ def command(regime, data_dir):
     return "python prepare_data.py arithmetic " + " ".join(flags)
 
 
+def finishing(data_dir):
+    """The command that finishes data_dir, where a preparation was cut short as it wrote it: its marker names the
+    regime it was making (a folder's name need not: a grid's or a user's). None where there is no such marker (or
+    one written before markers named it)."""
+    try:
+        return command(read_json(Path(data_dir) / UNFINISHED, keys=("regime",))["regime"], data_dir)
+    except (DataError, KeyError, TypeError, ValueError):  # (none, an old marker, or a regime that is no task's)
+        return None
+
+
 def damaged_line(path, i, e, meta):
     """The DataError for line i (from 0) of a split that is not a sample of the task, with the command that
     makes the folder's data again."""
@@ -491,7 +501,8 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
     # last, the folder is unfinished (a reader refuses it; see the end of load; the marker says it is ours), and then
     # holds the new data alone
-    atomic_write(marker, lambda f: f.write(b"prepare_data.py was writing this folder: the same command finishes it\n"))
+    note = "prepare_data.py was writing this folder: the same command finishes it"  # (the regime: finishing())
+    atomic_write(marker, lambda f: f.write(json.dumps(dict(note=note, regime=want)).encode()))
     for stale in there:
         if stale.stem not in data:
             stale.unlink()
@@ -538,6 +549,8 @@ def load(data_dir, trained_on=None):
     rebuild = f"rebuild it with `{command(trained_on, data_dir)} --overwrite`" if trained_on else \
         f"rebuild it with `python prepare_data.py arithmetic{where} --overwrite` and its flags"  # (until meta.json)
     if not (data_dir / "meta.json").exists():
+        if (finish := finishing(data_dir)) and (not trained_on or finish == command(trained_on, data_dir)):
+            raise DataError(f"{data_dir} was cut short as its data was made: `{finish}` finishes it")
         if trained_on:
             raise DataError(f"no arithmetic data in {data_dir}: give --data-dir the folder this run was trained "
                             f"on, or {rebuild.removesuffix(' --overwrite`')}`")

@@ -1013,9 +1013,9 @@ def training_data(cfg, run, generates=None, home=None):
                 arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
             if torch.distributed.is_initialized():
                 torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
-        elif missing and run.resume is None:  # a folder of one's own (or a mistyped one) is not generated: the
-            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # command that would make it
-                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
+        elif missing and run.resume is None and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
+            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # a folder of one's own (or a mistyped
+                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")  # one): its command
     data = load_data(cfg, new_model=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""

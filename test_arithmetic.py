@@ -292,16 +292,21 @@ def test_a_preparation_interrupted_as_it_writes_meta_json_is_finished_by_the_sam
     task, whole, folder = arithmetic.Task(tiers=(2, 3)), tmp_path / "whole", tmp_path / "cut"
     arithmetic.prepare(whole, task, 0, 20, 4)
 
-    def interrupted(meta):
-        raise KeyboardInterrupt
+    def interrupted(value):
+        if "vocab" in value:  # (called as meta.json is written; the marker's first)
+            raise KeyboardInterrupt
+        return json.dumps(value)
 
     with monkeypatch.context() as m:
-        m.setattr(arithmetic, "json", SimpleNamespace(dumps=interrupted))  # (called as meta.json is written)
+        m.setattr(arithmetic, "json", SimpleNamespace(dumps=interrupted, loads=json.loads))
         with pytest.raises(KeyboardInterrupt):
             arithmetic.prepare(folder, task, 0, 20, 4)
     assert not (folder / "meta.json").exists() and (folder / arithmetic.UNFINISHED).exists()
-    with pytest.raises(DataError, match="^no arithmetic data in "):
+    with pytest.raises(DataError) as e:  # the command that was making it, which a folder's name need not say
         arithmetic.load(folder)
+    assert str(e.value) == f"{folder} was cut short as its data was made: `python prepare_data.py arithmetic " \
+        f"--data-dir {folder} --field int --count operands --tiers 2,3 --target steps --train-size 20 --test-size 4` " \
+        "finishes it"
     arithmetic.prepare(folder, task, 0, 20, 4)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
 

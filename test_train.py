@@ -1126,6 +1126,21 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
     assert err.endswith(f"`python prepare_data.py arithmetic --data-dir {tmp_path / 'mine'} --field int --count "
                         "operators --tiers 6 --target steps`")  # (no word of a download: the task needs none)
     assert list(tmp_path.iterdir()) == []
+    real = arithmetic.atomic_write
+
+    def cut(path, write):  # Ctrl-C as meta.json is written: the folder holds another regime's data, cut short
+        if Path(path).name == "meta.json":
+            raise KeyboardInterrupt
+        real(path, write)
+
+    with monkeypatch.context() as m:
+        m.setattr(arithmetic, "atomic_write", cut)
+        with pytest.raises(KeyboardInterrupt):
+            arithmetic.prepare(Path("mine"), arithmetic.Task(field="mod", tiers=(2,)), 0, 8, 2)
+    err = error_of(train.main, ["--preset=arith", "--data-dir=mine", "--out-dir=run"], capsys, code=1)
+    assert err == f"train.py: error: {tmp_path / 'mine'} was cut short as its data was made: `python prepare_data.py " \
+        f"arithmetic --data-dir {tmp_path / 'mine'} --field mod --count operands --tiers 2 --target steps " \
+        "--train-size 8 --test-size 2` finishes it"  # the command of the data it held, not of the preset's regime
 
 
 def test_token_ids_past_the_vocabulary_say_what_to_give(arith_run, tmp_path, capsys):
