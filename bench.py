@@ -29,8 +29,10 @@ from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, 
                  fail, file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import re
 import socket
 import statistics
@@ -230,12 +232,21 @@ def measure(routers, shape, args, device):
     return results
 
 
+# what a figure depends on beyond the flags: the code it times, and the environment variables that change how that
+# is compiled or which kernels run (TORCHINDUCTOR_MAX_AUTOTUNE, LIME_TRITON, ...; not the caches' folders)
+TIMED_CODE = ("lime.py", "kernels.py", "methods.py", "baselines.py")
+TUNING = re.compile(r"(TORCHINDUCTOR|TORCH_COMPILE|TRITON|LIME)_(?!.*(CACHE|DIR))\w*")
+
+
 def measured_as(args, kernels=False):
     """How a model (or the routing op alone) was timed: --suite keeps a figure only where it was timed as this run
-    times, so that a part resumed with other flags does not set figures of 5 steps beside figures of 10."""
-    return dict(steps=args.steps) if kernels else \
+    times, so that a part resumed with other flags, other code (a kernel changed between two GPU sessions) or
+    another compiler setting does not set figures of one beside figures of the other."""
+    code = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in TIMED_CODE))
+    how = dict(code=code.hexdigest()[:12], env={k: v for k, v in sorted(os.environ.items()) if TUNING.fullmatch(k)})
+    return dict(steps=args.steps, **how) if kernels else \
         dict(steps=args.steps, warmup=args.warmup, gen_tokens=args.gen_tokens, gen_repeats=args.gen_repeats,
-             profile=args.profile)
+             profile=args.profile, **how)
 
 
 def measure_alone(router, shape, args, argv):
