@@ -909,6 +909,8 @@ def check_config(config, path, cls):
         if values.get("task") is not None:
             where = "task: "
             arithmetic.Task.from_meta(values["task"])
+            if "tiers" not in values["task"]:  # (every run's names them; {} would read as the default regime)
+                raise ValueError("it names no tiers")
     except (DataError, ValueError, TypeError, KeyError) as e:
         problem = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m[1].replace("-", "_"), str(e))  # cls, Task: flags
         raise DataError(f"{path}: in its saved config, {where}{problem}") from None

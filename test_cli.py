@@ -1102,6 +1102,8 @@ DAMAGED = [
      "ckpt.pt: in its saved config, block_size must be an integer, got 'x'"),
     ("analyze", then(hand_edit(task={"field": "real"}), lambda d, r, t: ["entropy", "--out-dir", str(r)]), 1,
      "ckpt.pt: in its saved config, task: field must be int or mod, got 'real'"),
+    ("sample", then(hand_edit(task={}), lambda d, r, t: ["--out-dir", str(r)]), 1,  # not the default regime
+     "ckpt.pt: in its saved config, task: it names no tiers"),
     ("analyze", then(hand_edit(micro_batch_size=0), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]),
      1, "ckpt.pt: in its saved config, micro_batch_size must be in 1 .. 2**31 - 1, got 0"),
     ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
