@@ -372,7 +372,10 @@ def finishing(data_dir):
     regime it was making (a folder's name need not: a grid's or a user's). None where there is no such marker (or
     one written before markers named it)."""
     try:
-        return command(read_json(Path(data_dir) / UNFINISHED, keys=("regime",))["regime"], data_dir)
+        made = read_json(Path(data_dir) / UNFINISHED, keys=("regime",))["regime"]
+        if not (isinstance(made, dict) and {"tiers", *SIZES} <= made.keys()):  # (as prepare writes it: whole)
+            return None
+        return command(regime(made), data_dir)  # (regime(): the sizes are whole numbers, the task a task)
     except (DataError, KeyError, TypeError, ValueError):  # (none, an old marker, or a regime that is no task's)
         return None
 
@@ -551,6 +554,9 @@ def load(data_dir, trained_on=None):
     if not (data_dir / "meta.json").exists():
         if (finish := finishing(data_dir)) and (not trained_on or finish == command(trained_on, data_dir)):
             raise DataError(f"{data_dir} was cut short as its data was made: `{finish}` finishes it")
+        if finish:  # NOTE not "rebuild it": that would replace the other regime's data, which its command finishes
+            raise DataError(f"{data_dir} holds other data than the run's, cut short as it was made (`{finish}` "
+                            f"finishes it): give --data-dir the folder this run was trained on")
         if trained_on:
             raise DataError(f"no arithmetic data in {data_dir}: give --data-dir the folder this run was trained "
                             f"on, or {rebuild.removesuffix(' --overwrite`')}`")

@@ -233,9 +233,13 @@ def measure(routers, shape, args, device):
 
 
 # what a figure depends on beyond the flags: the code it times, and the environment variables that change how that
-# is compiled or which kernels run (TORCHINDUCTOR_MAX_AUTOTUNE, LIME_TRITON, ...; not the caches' folders)
-TIMED_CODE = ("lime.py", "kernels.py", "methods.py", "baselines.py")
-TUNING = re.compile(r"(TORCHINDUCTOR|TORCH_COMPILE|TRITON|LIME)_(?!.*(CACHE|DIR))\w*")
+# is compiled or which kernels run (TORCHINDUCTOR_MAX_AUTOTUNE, LIME_TRITON, ...; not a folder, file or cache's
+# place: inductor itself sets TRITON_PTXAS_PATH as it compiles)
+TIMED_CODE = ("lime.py", "kernels.py", "methods.py", "baselines.py", "generation.py")
+TUNING = re.compile(r"(?!\w*(_DIR|_PATH|_HOME|CACHE_MANAGER)$)(TORCHINDUCTOR|TORCH_COMPILE|TRITON|LIME)_\w*")
+# NOTE bench.py's own timing (Runner, measure) is not hashed, so that an edit of its flags or output keeps the figures:
+# raise this where a change to it changes what a figure means
+TIMING = 1
 
 
 def measured_as(args, kernels=False):
@@ -243,7 +247,8 @@ def measured_as(args, kernels=False):
     times, so that a part resumed with other flags, other code (a kernel changed between two GPU sessions) or
     another compiler setting does not set figures of one beside figures of the other."""
     code = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in TIMED_CODE))
-    how = dict(code=code.hexdigest()[:12], env={k: v for k, v in sorted(os.environ.items()) if TUNING.fullmatch(k)})
+    how = dict(code=code.hexdigest()[:12], timing=TIMING,
+               env={k: v for k, v in sorted(os.environ.items()) if TUNING.fullmatch(k)})
     return dict(steps=args.steps, **how) if kernels else \
         dict(steps=args.steps, warmup=args.warmup, gen_tokens=args.gen_tokens, gen_repeats=args.gen_repeats,
              profile=args.profile, **how)
@@ -259,7 +264,8 @@ def measure_alone(router, shape, args, argv):
         done = subprocess.run(cmd)
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"the {router} process failed (exit code {done.returncode}); its output is above")
-        return json.loads(out.read_text())[0]
+        # how it was timed as this process sees it: the worker's own view comes after it compiled (see TUNING)
+        return {**json.loads(out.read_text())[0], "measured": measured_as(args)}
 
 
 def time_op(fn, device, repeats):

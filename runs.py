@@ -571,7 +571,7 @@ class Run:
 
     def sessions(self):
         """Where each session of the run ran, from its first step: [{step, device, dtype, ...}], as the log says
-        (a run begun before the log held sessions: only those since)."""
+        (a run begun before the log held sessions, or whose log was moved away: only those since)."""
         return [{"step": r["step"], **r["session"]} for r in self.rows if isinstance(r.get("session"), dict)]
 
     def pruned(self, step, mask, pruned, total):
@@ -675,15 +675,17 @@ def run_files(out_dir):
 
 def never_trained(out_dir, found):
     """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and a
-    log.jsonl of no row but its session's (Run.session) alone, as a run out of memory in its first step leaves, or one
-    stopped as it began (a signal before its loop). Nothing there to keep: the same command runs again, without
-    --overwrite. A config.json that is not a run's (a file of the user's by that name) is something to keep."""
+    log.jsonl of no row but its session's (Run.session, and a --prune-at 0's) alone, as a run out of memory in its
+    first step leaves, or one stopped as it began (a signal before its loop). Nothing there to keep: the same command
+    runs again, without --overwrite. A config.json that is not a run's (a file of the user's by that name) is
+    something to keep."""
     log, config = Path(out_dir) / "log.jsonl", Path(out_dir) / "config.json"
     if not set(found) <= {"config.json", "log.jsonl"} or log.exists() and log.stat().st_size > 4096:
         return False
     try:  # (a run's first session begins at step 0; its log is empty if it stopped before that row)
         rows = [json.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
-        return all(row.keys() == {"step", "session"} and row["step"] == 0 for row in rows) and \
+        return all(isinstance(row, dict) and row.get("step") == 0 and
+                   row.keys() <= {"step", "session", "router_pruned", "router_weights"} for row in rows) and \
             (not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys())
     except (ValueError, AttributeError):  # (not JSON, not UTF-8, or JSON but no object)
         return False

@@ -164,15 +164,18 @@ def unshown_differences(rows):
 def where_they_ran(summaries):
     """A note for under a table whose runs did not all run on one kind of device in one dtype, as their summaries'
     sessions say (a run resumed on a CPU after a GPU: float32 from there, where the GPU ran bf16): which runs ran
-    how. '' where they all ran alike, or their summaries do not say (runs older than the sessions)."""
+    how. '' where they all ran alike, or their summaries do not say (runs older than the sessions). A run whose first
+    recorded session began after step 0 (begun before sessions were logged, or its log moved away) says so."""
     how = {}
     for s in summaries:
         sessions = s.get("sessions") if isinstance(s.get("sessions"), list) else []
         path, last = [], None  # each change of device kind or dtype: "cuda bfloat16", "cpu float32 from step 34000"
         for x in (x for x in sessions if isinstance(x, dict)):
             kind = f"{str(x.get('device')).split(':')[0]} {x.get('dtype')}"
+            if last is None and x.get("step") != 0:
+                path.append("not recorded")  # (not "ran as its first recorded session did from the start")
             if kind != last:
-                path.append(kind if last is None else f"{kind} from step {x.get('step')}")
+                path.append(kind if not path else f"{kind} from step {x.get('step')}")
                 last = kind
         if path:
             how.setdefault(", then ".join(path), []).append(f"{s.get('router')} seed {s.get('seed')}")

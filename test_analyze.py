@@ -340,6 +340,8 @@ def test_a_table_of_runs_that_ran_in_other_precisions_says_which():
         "cuda bfloat16, then cpu float32 from step 4 (lime seed 2)")
     assert tables.results_table([moved]).endswith("NOTE these runs did not all run alike: cuda bfloat16, then cpu "
                                                   "float32 from step 4 (lime seed 2)")  # one run, two precisions
+    late = run("lime", 2, (4, "cpu", "float32"))  # its first sessions not recorded (begun before, or its log moved)
+    assert tables.results_table([*alike, late]).endswith("; not recorded, then cpu float32 from step 4 (lime seed 2)")
 
 
 def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():

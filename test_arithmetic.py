@@ -307,6 +307,16 @@ def test_a_preparation_interrupted_as_it_writes_meta_json_is_finished_by_the_sam
     assert str(e.value) == f"{folder} was cut short as its data was made: `python prepare_data.py arithmetic " \
         f"--data-dir {folder} --field int --count operands --tiers 2,3 --target steps --train-size 20 --test-size 4` " \
         "finishes it"
+    other = arithmetic.regime_of(arithmetic.Task(tiers=(4,)), 0, 20, 4)  # a run of another regime meets it
+    with pytest.raises(DataError, match=r" holds other data than the run's, cut short as it was made \(`python "
+                                        r"prepare_data.py arithmetic .* --tiers 2,3 .*` finishes it\): give --data-dir"):
+        arithmetic.load(folder, trained_on=other)  # (not "rebuild it": that would replace the other regime's data)
+    marker = (folder / arithmetic.UNFINISHED).read_text()
+    for edited in ('{"regime": {}}', '{"regime": {"tiers": [2], "seed": null, "train_size": 20, "test_size": 4}}',
+                   '{"regime": {"tiers": [2], "seed": 0, "train_size": "x; rm -rf ~", "test_size": 4}}', "[[[["):
+        (folder / arithmetic.UNFINISHED).write_text(edited)  # not the command of a default regime, nor pasted text
+        assert arithmetic.finishing(folder) is None
+    (folder / arithmetic.UNFINISHED).write_text(marker)
     arithmetic.prepare(folder, task, 0, 20, 4)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == {p.name: p.read_bytes() for p in whole.iterdir()}
 

@@ -605,14 +605,15 @@ def test_a_run_that_never_logged_a_step_is_run_again_by_the_same_command(answer_
     def out_of_memory(self, rng, n):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes.")
 
-    monkeypatch.setattr(arithmetic.Data, "batch", out_of_memory)
-    out = tmp_path / "run"
-    assert "out of memory" in error_of(train.main, tiny_args(answer_dir, out, "--max-steps=2"), capsys, code=1)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "log.jsonl"]
-    assert [r.keys() for r in read_log(out)] == [{"step", "session"}]  # where it ran, and no step
-    monkeypatch.undo()
-    train.main(tiny_args(answer_dir, out, "--max-steps=2", "--micro-batch-size=2", "--eval-interval=2"))
-    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    for flags in ([], ["--router-top-p=0.5", "--prune-at=0"]):  # (pruned at step 0, and out of memory after)
+        monkeypatch.setattr(arithmetic.Data, "batch", out_of_memory)
+        out = tmp_path / f"run{len(flags)}"
+        err = error_of(train.main, tiny_args(answer_dir, out, "--max-steps=2", *flags), capsys, code=1)
+        assert "out of memory" in err and sorted(p.name for p in out.iterdir()) == ["config.json", "log.jsonl"]
+        assert [r.keys() for r in read_log(out)][0] == {"step", "session"}  # where it ran, and no step
+        monkeypatch.undo()
+        train.main(tiny_args(answer_dir, out, "--max-steps=2", "--micro-batch-size=2", "--eval-interval=2", *flags))
+        assert json.loads((out / "summary.json").read_text())["steps"] == 2
 
 
 def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, capsys):

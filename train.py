@@ -231,7 +231,7 @@ def train(cfg, run):
         f"compile {compiled}): {counts['total'] / 1e6:.2f}M parameters, {method_params}; "
         f"{accum} micro-step(s) of {cfg.micro_batch_size} per step")
     if note := run.session(step, device=device, dtype=dtype, compile=compiled, world_size=world):
-        say(note)  # resumed on another kind of device (a CPU after a GPU): its precision changes from here
+        say(note)  # resumed on another kind of device (a CPU after a GPU) or --dtype: its arithmetic changes here
 
     def evaluate_and_save(step):
         """Validation (and at max_steps the test split too), its log line, a check and a checkpoint."""
