@@ -309,7 +309,7 @@ def test_a_preparation_interrupted_as_it_writes_meta_json_is_finished_by_the_sam
         "finishes it"
     other = arithmetic.regime_of(arithmetic.Task(tiers=(4,)), 0, 20, 4)  # a run of another regime meets it
     with pytest.raises(DataError, match=r" holds other data than the run's, cut short as it was made \(`python "
-                                        r"prepare_data.py arithmetic .* --tiers 2,3 .*` finishes it\): give --data-dir"):
+                                        r"prepare_data.py .* --tiers 2,3 .*` finishes it\): give --data-dir"):
         arithmetic.load(folder, trained_on=other)  # (not "rebuild it": that would replace the other regime's data)
     marker = (folder / arithmetic.UNFINISHED).read_text()
     for edited in ('{"regime": {}}', '{"regime": {"tiers": [2], "seed": null, "train_size": 20, "test_size": 4}}',
