@@ -563,8 +563,7 @@ class Run:
         earlier = next((r["session"] for r in reversed(self.rows) if isinstance(r.get("session"), dict)), None)
         self.log(step=step, session=where)
         self.rows.append(dict(step=step, session=where))  # (the summary lists every session: sessions())
-        kind = lambda w: (str(w.get("device")).split(":")[0], w.get("dtype"))
-        if earlier is not None and kind(earlier) != kind(where):
+        if earlier is not None and ran_on(earlier) != ran_on(where):
             return (f"NOTE this run ran on {earlier.get('device')} in {earlier.get('dtype')} until step {step}; from "
                     f"here it runs on {where['device']} in {where['dtype']} (log.jsonl has a row for each session)")
         return None
@@ -631,6 +630,12 @@ class Run:
                 atomic_write(self.out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
 
 
+def ran_on(session):
+    """A session's device kind and dtype, as 'cuda bfloat16': what changes a run's arithmetic (cuda:0 for cuda:1
+    does not). `session`: a log row's "session", or one of a summary's "sessions"."""
+    return f"{str(session.get('device')).split(':')[0]} {session.get('dtype')}"
+
+
 def format_eta(seconds):
     return f"{seconds / 3600:.1f}h" if seconds > 5400 else f"{seconds / 60:.1f}m" if seconds > 90 else f"{seconds:.0f}s"
 
@@ -680,7 +685,7 @@ def never_trained(out_dir, found):
     runs again, without --overwrite. A config.json that is not a run's (a file of the user's by that name) is
     something to keep."""
     log, config = Path(out_dir) / "log.jsonl", Path(out_dir) / "config.json"
-    if not set(found) <= {"config.json", "log.jsonl"} or log.exists() and log.stat().st_size > 4096:
+    if not set(found) <= {"config.json", "log.jsonl"} or log.exists() and log.stat().st_size > 4096:  # (a row or two)
         return False
     try:  # (a run's first session begins at step 0; its log is empty if it stopped before that row)
         rows = [json.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []

@@ -12,7 +12,7 @@ import re
 import statistics
 
 from cli import DataError, UsageError, is_accuracy, show_value
-from runs import seed_group
+from runs import ran_on, seed_group
 
 
 def change(key, value, base):
@@ -171,7 +171,7 @@ def where_they_ran(summaries):
         sessions = s.get("sessions") if isinstance(s.get("sessions"), list) else []
         path, last = [], None  # each change of device kind or dtype: "cuda bfloat16", "cpu float32 from step 34000"
         for x in (x for x in sessions if isinstance(x, dict)):
-            kind = f"{str(x.get('device')).split(':')[0]} {x.get('dtype')}"
+            kind = ran_on(x)
             if last is None and x.get("step") != 0:
                 path.append("not recorded")  # (not "ran as its first recorded session did from the start")
             if kind != last:
