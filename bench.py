@@ -47,7 +47,7 @@ from torch.autograd import DeviceType
 
 import kernels
 from generation import generate
-from lime import GPT, GPTConfig
+from lime import GPT, POSITIONS, GPTConfig
 from methods import registry
 
 SHAPES = {
@@ -443,8 +443,9 @@ def parse_args(argv):
               (min([shape["n_layer"], shape["batch_size"], *args.depths]) >= 1,
                "--n-layer, --batch-size and --depths must be at least 1"),
               (shape["block_size"] >= 2, "--block-size must be at least 2 (generation starts from its first half)"),
-              (all(SIZE[1](n) for n in [shape["n_layer"], shape["batch_size"], shape["block_size"], *args.depths]),
-               f"--n-layer, --batch-size, --block-size and --depths must be {SIZE[0]}"),
+              (POSITIONS[1](shape["block_size"]), f"--block-size must be {POSITIONS[0]}"),
+              (all(SIZE[1](n) for n in [shape["n_layer"], shape["batch_size"], *args.depths]),
+               f"--n-layer, --batch-size and --depths must be {SIZE[0]}"),
               (args.kernels or args.gen_repeats == 0
                or shape["block_size"] // 2 + args.gen_tokens <= shape["block_size"],
                f"--gen-tokens={args.gen_tokens} does not fit after a prompt of half the block of "

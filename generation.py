@@ -13,16 +13,19 @@ import torch.nn.functional as F
 class KVCache:
     """Routed, rotated K/V of every layer for generation: the size of a vanilla cache."""
 
-    def __init__(self, config):
-        self.n_layer, self.block_size = config.n_layer, config.block_size
+    def __init__(self, config, length=None):
+        self.n_layer = config.n_layer
+        self.length = length or config.block_size  # positions it holds: generate() asks for the ones it will fill
         self.k = self.v = None  # allocated at the first update, in the K/V's own dtype
         self.pos = 0  # number of positions already filled (GPT.forward moves it on)
 
     def update(self, layer, k, v):
         """k, v (B, n_kv, T, head_dim) of `layer` at positions pos..pos + T -> its K, V at 0..pos + T."""
         B, n_kv, T, head_dim = k.shape
+        if self.pos + T > self.length:
+            raise ValueError(f"the cache holds {self.length} positions, not {self.pos + T}")
         if self.k is None:
-            shape = (self.n_layer, B, n_kv, self.block_size, head_dim)
+            shape = (self.n_layer, B, n_kv, self.length, head_dim)
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
         self.k[layer, :, :, self.pos:self.pos + T] = k
         self.v[layer, :, :, self.pos:self.pos + T] = v
@@ -48,7 +51,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None,
     lengths = torch.full((B,), T) if lengths is None else torch.as_tensor(lengths)
     lengths, start = lengths.to(idx.device), int(lengths.min())
     out = torch.cat([idx, idx.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
-    cache, step, end = KVCache(model.config), idx[:, :start], start
+    cache, step, end = KVCache(model.config, T + max_new_tokens), idx[:, :start], start
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     for t in range(start, T + max_new_tokens):
         logits = model(step, cache=cache)[0][:, -1].float()  # (B, vocab)

@@ -40,10 +40,14 @@ import kernels
 from cli import POSITIVE, SIZE, check_fields, option
 from methods import Method, check_registered, check_router, parse_router, require_initialised, router_forms
 
+# NOTE a checkpoint's block_size is held by no weight (RoPE is computed), so nothing else bounds it: a hand-edited
+# 2**31 - 1 would have allocated its tables (tens of GB) before any check. A million is far past what one trains here
+POSITIONS = ("in 1 .. 2**20", lambda x: 0 < x <= 2**20)
+
 
 @dataclass
 class GPTConfig:
-    block_size: int = option(2048, "longest sequence; sizes the RoPE table and the KV cache", rule=SIZE)
+    block_size: int = option(2048, "longest sequence; sizes the RoPE tables", rule=POSITIONS)
     vocab_size: int = option(50304, "vocabulary size (GPT-2's 50257 padded up to a multiple of 64 for speed)",
                              rule=SIZE)
     n_layer: int = option(12, "number of decoder blocks (L)", rule=SIZE)

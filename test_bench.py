@@ -402,7 +402,7 @@ def test_bench_defaults_follow_the_device(monkeypatch):
     (["--block-size", "1"], "--block-size must be at least 2"),
     (["--block-size", "4", "--gen-tokens", "3"], "--gen-tokens=3 does not fit after a prompt of half the block of 4"),
     (["--depths", "2,0"], "--n-layer, --batch-size and --depths must be at least 1"),
-    (["--depths", f"2,{2**31}"], "--n-layer, --batch-size, --block-size and --depths must be in 1 .. 2**31 - 1"),
+    (["--depths", f"2,{2**31}"], "--n-layer, --batch-size and --depths must be in 1 .. 2**31 - 1"),
     (["--kernels", "--gen-repeats", "0"], "--kernels times the op alone, no model: not with --gen-repeats"),
     (["--device", "foo"], "--device='foo'"),
     (["--shape", "2b"], "unknown shape '2b'"),

@@ -707,7 +707,7 @@ BAD_INPUTS = [
     ("train", train_args("--batch-size=4294967296", "--micro-batch-size=4294967296"), 2,
      "--micro-batch-size must be in 1 .. 2**31 - 1, got 4294967296"),
     ("train", train_args("--block-size=99999999999999999999"), 2,  # (a typo, not an OverflowError from inside torch)
-     "--block-size must be in 1 .. 2**31 - 1, got 99999999999999999999"),
+     "--block-size must be in 1 .. 2**20, got 99999999999999999999"),
     ("train", train_args("--router=last-99999999999999999999"), 2,
      "router 'last-99999999999999999999': J must be in 1 .. 2**31 - 1, got 99999999999999999999"),
     ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
@@ -1100,6 +1100,8 @@ DAMAGED = [
      "ckpt.pt: in its saved config, task must be a dict, got 'x'"),
     ("analyze", then(hand_edit(block_size="x"), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
      "ckpt.pt: in its saved config, block_size must be an integer, got 'x'"),
+    ("sample", then(hand_edit(block_size=2**31 - 1), lambda d, r, t: ["--out-dir", str(r)]), 1,  # (held by no weight)
+     "ckpt.pt: in its saved config, block_size must be in 1 .. 2**20, got 2147483647"),
     ("analyze", then(hand_edit(task={"field": "real"}), lambda d, r, t: ["entropy", "--out-dir", str(r)]), 1,
      "ckpt.pt: in its saved config, task: field must be int or mod, got 'real'"),
     ("sample", then(hand_edit(task={}), lambda d, r, t: ["--out-dir", str(r)]), 1,  # not the default regime
@@ -1207,7 +1209,7 @@ DAMAGED = [
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is not a file"),  # a folder
     ("bench", lambda d, r, t: ["--device", "cpu", "--block-size=99999999999999999999"], 2,
-     "--n-layer, --batch-size, --block-size and --depths must be in 1 .. 2**31 - 1"),
+     "--block-size must be in 1 .. 2**20"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", "/dev/null", "--overwrite"], 2,
      "--json=/dev/null: /dev/null is not a file"),  # (a rename over it would replace the device, as root)
     ("bench", lambda d, r, t: ["--device", "cpu", "--suite", "--json", str(t / "notes.md")], 1,

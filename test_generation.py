@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import small_model, tokens
-from generation import generate
+import generation
+from generation import KVCache, generate
 
 
 @pytest.mark.parametrize("mode", ["none", "lime", "dynamic"])
@@ -98,3 +99,22 @@ def test_sampling_follows_the_temperature_and_top_k(temperature, top_k):
     freq = torch.bincount(out[:, 1], minlength=4) / 4000
     assert torch.all(freq[expected == 0] == 0)  # never a token outside the top k
     assert (freq - expected).abs().max() < 0.03, (freq, expected)
+
+
+
+def test_the_cache_holds_the_positions_generate_fills(monkeypatch):
+    """The cache is as long as the prompt and its continuation, not block_size: a model of 32 positions that
+    writes 12 holds 12 of K/V a layer. A cache asked to hold more than it was made for says so."""
+    model, made = small_model("lime").eval(), []
+
+    def recorded(config, length):
+        made.append(KVCache(config, length))
+        return made[-1]
+
+    monkeypatch.setattr(generation, "KVCache", recorded)
+    generate(model, tokens(T=4), 8, temperature=0)
+    assert [c.k.shape[-2] for c in made] == [12] and model.config.block_size > 12
+    cache = KVCache(model.config, 5)
+    model(tokens(T=5), cache=cache)
+    with pytest.raises(ValueError, match="the cache holds 5 positions, not 6"):
+        model(tokens(T=1), cache=cache)

@@ -666,8 +666,10 @@ def test_bad_shapes():
         GPTConfig(n_embd=100)
     for field in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "mlp_hidden"):
         for bad in (0, 2**31):  # (a size torch cannot hold in a dimension: an OverflowError deep inside torch)
-            with pytest.raises(ValueError, match=re.escape(f"{field} must be in 1 .. 2**31 - 1, got {bad}")):
+            rule = "in 1 .. 2**20" if field == "block_size" else "in 1 .. 2**31 - 1"  # (RoPE's tables: lime.POSITIONS)
+            with pytest.raises(ValueError, match=re.escape(f"{field} must be {rule}, got {bad}")):
                 GPTConfig(**{field: bad})
+    GPTConfig(block_size=2**20)  # the most it takes
 
 
 def test_150m_parameter_count_and_flops():
