@@ -32,6 +32,7 @@ values: 100 MB in bf16 at the 150M shape with micro-batch 16 x 2048):
                plus grad w's per-tile shares, written and summed: 0.19 slot per output  ~ 15 at L = 12
     relaunch   a layer with more than NMAX = 8 outputs (layers 0-3 at L = 12) launches each kernel again:
                the forward reads kv_j once more, the backward kv_j and grad kv_j (1 + 3)  = 16 at L = 12
+               (none with NMAX = 0, whose kernels loop over every output in one launch)
 That is about 290 slot passes, 29 GB at the 150M shape: some 10 ms at 3 TB/s (a count, not a
 measurement). Memory: kv_j is saved once per layer (one slot per layer: 12 x 100 MB at 150M), and
 a partial lives only until its layer has run.
@@ -59,7 +60,9 @@ except ImportError:  # CPU builds of torch come without Triton: the plain path n
 # LIME_TRITON: auto (Triton for CUDA tensors), 0 (plain PyTorch everywhere), or 1 (Triton for every
 # tensor; on the CPU that needs TRITON_INTERPRET=1, which is how the tests run the kernels)
 USE_TRITON = os.environ.get("LIME_TRITON", "auto")
-NMAX = 8  # outputs per kernel launch; a source with more readers launches again and rereads kv (--sweep tries 16)
+# outputs per kernel launch, the loop over them unrolled: a source with more readers launches again and rereads kv.
+# 0: one launch takes every output, looping over tables of their addresses (bench.py --kernels --sweep tries 8, 16, 0)
+NMAX = 8
 COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
 # bf16 K/V: the dot operands stay bf16, w cast to bf16 as the plain path does; accumulation is fp32 either
 # way. False converts the operands to fp32 first (tf32 dots): a much slower backward (bench.py --kernels)
@@ -165,6 +168,19 @@ if triton is not None:
         return offs, mask
 
     @triton.jit
+    def _at(table, i, like):
+        """Entry i of a table of addresses (NMAX = 0), as a pointer to `like`'s element type."""
+        return tl.load(table + i).to(tl.pointer_type(like.dtype.element_ty))
+
+    @triton.jit
+    def _fwd_one(x, w_i, out_i, partial_i, i, n_partial, offs, mask, w_offs, w_mask, PREC: tl.constexpr):
+        wi = tl.load(w_i + w_offs, mask=w_mask, other=0.0).to(x.dtype)
+        y = tl.dot(wi, x, input_precision=PREC)  # (KP, BP * BE)
+        if i < n_partial:
+            y += tl.load(partial_i + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_i + offs, y.to(out_i.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _route_fwd(kv, w, outs, partials, n_out, n_partial, P, NKV: tl.constexpr, E: tl.constexpr,
                    KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, PREC: tl.constexpr,
                    LOWP: tl.constexpr):
@@ -174,13 +190,28 @@ if triton is not None:
             x = x.to(tl.float32)
         head = tl.arange(0, KP)
         w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
-        for i in tl.static_range(NMAX):
-            if i < n_out:
-                wi = tl.load(w + i * NKV * NKV + w_offs, mask=w_mask, other=0.0).to(x.dtype)
-                y = tl.dot(wi, x, input_precision=PREC)  # (KP, BP * BE)
-                if i < n_partial:
-                    y += tl.load(partials[i] + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(outs[i] + offs, y.to(outs[i].dtype.element_ty), mask=mask)
+        if NMAX == 0:  # outs, partials: tables of addresses; a loop that runs n_out times
+            for i in range(n_out):
+                _fwd_one(x, w + i * NKV * NKV, _at(outs, i, kv), _at(partials, i, kv), i, n_partial, offs, mask,
+                         w_offs, w_mask, PREC)
+        else:  # outs, partials: tuples of NMAX pointers; the loop unrolled
+            for i in tl.static_range(NMAX):
+                if i < n_out:
+                    _fwd_one(x, w + i * NKV * NKV, outs[i], partials[i], i, n_partial, offs, mask, w_offs, w_mask,
+                             PREC)
+
+    @triton.jit
+    def _bwd_one(acc, xt, g_i, w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask, NKV: tl.constexpr,
+                 NEED_W: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+        g = tl.load(g_i + offs, mask=mask, other=0.0)  # read once for both gradients
+        if not LOWP:
+            g = g.to(tl.float32)
+        wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
+        acc += tl.dot(wt, g, input_precision=PREC)
+        if NEED_W:  # this tile's share of grad w[i] = g_i @ x^T, summed over the tiles by torch
+            gw = tl.dot(g, xt, input_precision=PREC)  # (KP, KP)
+            tl.store(grad_w + (tl.program_id(0) * n_total + i) * NKV * NKV + w_offs, gw, mask=w_mask)
+        return acc
 
     @triton.jit
     def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, n_total, P, NKV: tl.constexpr, E: tl.constexpr,
@@ -193,21 +224,21 @@ if triton is not None:
         acc = tl.zeros((KP, BP * BE), tl.float32)
         if ACCUMULATE:  # an earlier launch covered the first NMAX outputs
             acc += tl.load(grad_kv + offs, mask=mask, other=0.0).to(tl.float32)
+        xt = 0  # (read only for NEED_W)
         if NEED_W:
             x = tl.load(kv + offs, mask=mask, other=0.0)
             if not LOWP:
                 x = x.to(tl.float32)
             xt = tl.trans(x)
-        for i in tl.static_range(NMAX):
-            if i < n_out:
-                g = tl.load(grads[i] + offs, mask=mask, other=0.0)  # read once for both gradients
-                if not LOWP:
-                    g = g.to(tl.float32)
-                wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
-                acc += tl.dot(wt, g, input_precision=PREC)
-                if NEED_W:  # this tile's share of grad w[i] = g_i @ x^T, summed over the tiles by torch
-                    gw = tl.dot(g, xt, input_precision=PREC)  # (KP, KP)
-                    tl.store(grad_w + (tl.program_id(0) * n_total + i) * NKV * NKV + w_offs, gw, mask=w_mask)
+        if NMAX == 0:  # grads: a table of addresses; a loop that runs n_out times
+            for i in range(n_out):
+                acc = _bwd_one(acc, xt, _at(grads, i, kv), w, grad_w, i, n_total, offs, mask, w_offs, wt_offs,
+                               w_mask, NKV, NEED_W, PREC, LOWP)
+        else:  # grads: a tuple of NMAX pointers; the loop unrolled
+            for i in tl.static_range(NMAX):
+                if i < n_out:
+                    acc = _bwd_one(acc, xt, grads[i], w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask,
+                                   NKV, NEED_W, PREC, LOWP)
         tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
 
 
@@ -222,11 +253,21 @@ def _launch_shape(kv):
 
 
 def _chunks(n):
-    return [(start, min(n, start + NMAX)) for start in range(0, n, NMAX)]
+    """The outputs each launch takes, (start, end): NMAX at a time, or all n at once where NMAX is 0."""
+    step = NMAX or max(n, 1)
+    return [(start, min(n, start + step)) for start in range(0, n, step)]
 
 
-def _padded(tensors, filler):
-    return tuple(tensors) + (filler,) * (NMAX - len(tensors))  # unused slots are never touched
+def _pointers(tensors, n, filler):
+    """One launch's n outputs, partials or gradients: a tuple of NMAX (slots past the tensors, filler's, are never
+    touched), or for NMAX = 0 a table of their n addresses on the device.
+    NOTE a table holds bare addresses, which keep nothing alive: the tensors are the caller's until the kernel has run
+    (the launch is on the current stream, as is every later use of their memory)."""
+    assert all(t.dtype == filler.dtype for t in tensors), "a table's addresses are read as the K/V's dtype"
+    tensors = tuple(tensors) + (filler,) * ((NMAX or n) - len(tensors))
+    if NMAX:
+        return tensors
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=filler.device)
 
 
 def _route_triton(kv, w, partials):
@@ -235,8 +276,8 @@ def _route_triton(kv, w, partials):
     outs = [torch.empty_like(kv) for _ in range(w.shape[0])]
     for a, b in _chunks(len(outs)):
         part = partials[a:b]
-        _route_fwd[(triton.cdiv(P, meta["BP"]),)](kv, w[a:], _padded(outs[a:b], kv), _padded(part, kv), b - a,
-                                                   len(part), P, **meta)
+        _route_fwd[(triton.cdiv(P, meta["BP"]),)](kv, w[a:], _pointers(outs[a:b], b - a, kv),
+                                                   _pointers(part, b - a, kv), b - a, len(part), P, **meta)
     return outs
 
 
@@ -251,6 +292,6 @@ def _route_backward_triton(grads, kv, w, need_w):
     gw = torch.empty(programs if need_w else 1, len(grads), meta["NKV"], meta["NKV"], device=kv.device,
                      dtype=torch.float32)
     for a, b in _chunks(len(grads)):
-        _route_bwd[(programs,)](kv, w[a:], _padded(grads[a:b], kv), grad_kv, gw[:, a:], b - a, len(grads), P,
-                                NEED_W=need_w, ACCUMULATE=a > 0, **meta)
+        _route_bwd[(programs,)](kv, w[a:], _pointers(grads[a:b], b - a, kv), grad_kv, gw[:, a:], b - a, len(grads),
+                                P, NEED_W=need_w, ACCUMULATE=a > 0, **meta)
     return grad_kv, gw.sum(0).to(w.dtype) if need_w else w.new_zeros(w.shape)

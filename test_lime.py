@@ -433,6 +433,8 @@ def laid_out(t, layout):
     (17, 16, 4, 12, torch.float32, 256, 16, "strided"),  # 16 outputs a launch, as bench.py --sweep tries: two launches
     (2, 0, 2, 16, torch.bfloat16, 256, 8, "guarded"),
     (2, 1, 17, 12, torch.float32, 8, 8, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a tile
+    (11, 10, 4, 12, torch.float32, 32, 0, "strided"),  # NMAX = 0: one launch loops over tables of addresses
+    (3, 0, 3, 8, torch.bfloat16, 256, 0, "guarded"),
 ])
 def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, layout):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation, on inputs laid out in
@@ -488,12 +490,14 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("n_kv, dtype, low, tile", [
     (12, torch.bfloat16, True, None), (8, torch.bfloat16, True, None), (12, torch.bfloat16, False, None),
-    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 2, 8)), (8, torch.bfloat16, True, (1024, 8, 16)),
-    (12, torch.bfloat16, True, (256, 4, 16))])
+    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 4, 8)), (8, torch.bfloat16, True, (512, 8, 16)),
+    (12, torch.bfloat16, True, (256, 4, 16)), (12, torch.bfloat16, True, (256, 4, 0)),
+    (8, torch.bfloat16, True, (128, 8, 0)), (12, torch.float32, False, (512, 8, 0))])
 def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low, tile):
     """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
     with either choice of dot operands and the smallest and largest tile `bench.py --kernels --sweep` tries (8 and
-    16 outputs a launch; 10 outputs here: two launches, then one), and
+    16 outputs a launch, unrolled; 10 outputs here: two launches, then one; or 0: all in one launch, looping over tables
+    of addresses), and
     the plain path, each against the same sums in float64. They round bf16 differently, so they are held to the
     exact sums, not to each other."""
     monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
