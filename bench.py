@@ -7,7 +7,7 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
-    python bench.py --device cuda --kernels --sweep   # the same at every tile, warp count and launch width of TILES
+    python bench.py --device cuda --kernels --sweep   # the same at every tile of TILES (width, warps, launch, split)
     python bench.py --device cuda --routers none,lime --profile   # where a step's milliseconds go
     python bench.py --device cuda --suite --sweep --profile --json suite.json   # every GPU figure of the README
 
@@ -64,11 +64,13 @@ SHAPES = {
     "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, vocab_size=50304,
                  block_size=2048, batch_size=16),
 }
-# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch); a column is one (position, value) of a
-# slot. 16 outputs a launch: one launch for each of the first layers at 150M (12 outputs) and 1B (16), not two
-# 0 outputs: one launch for all, its loop over tables of addresses (kernels.NMAX). Not tried: 1024 columns, whose
-# backward spills some 50 KB of registers a thread (ptxas for sm_90, run offline), nor 2 warps, which spill from 256
-TILES = [(columns, warps, n) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 16, 0)]
+# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split) as kernels.py names them; a
+# column is one (position, value) of a slot. 0 outputs: one launch for all, its loop over tables of addresses. Not
+# tried: 1024 columns, whose backward spills some 50 KB of registers a thread (ptxas for sm_90, run offline), 2 warps,
+# which spill from 256 columns, or 16 outputs, which the 0 outputs' one launch covers
+KNOBS = ("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT")
+TILES = [(columns, warps, n, split) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 0)
+         for split in (1, 4)]
 # --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone or the
 # routers, each compiled model alone in its own process); `lime` against `none` first. Every part of models has its
 # own `none` for its ratios, and only a few models: a part cut short on one machine is measured anew on another
@@ -298,9 +300,8 @@ def measure_kernels(shape, args, device):
     rows = [dict(op="copy", dots="-", tile="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
     triton_kernels = kernels.use_triton(kv)
     # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS); with --sweep,
-    # every tile (kernels.COLUMNS columns, kernels.NUM_WARPS warps, kernels.NMAX outputs a launch) of TILES, with the
-    # chosen operands
-    chosen = kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX
+    # every tile of TILES (the KNOBS of kernels.py), with the chosen operands
+    chosen = tuple(getattr(kernels, name) for name in ("LOW_PRECISION_DOTS", *KNOBS))
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
     if args.sweep and triton_kernels:
         choices = [(chosen[0], *tile) for tile in TILES]
@@ -311,7 +312,8 @@ def measure_kernels(shape, args, device):
             w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
             partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
             for choice in choices:
-                kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = choice
+                for name, value in zip(("LOW_PRECISION_DOTS", *KNOBS), choice):
+                    setattr(kernels, name, value)
                 dots = ("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-"
                 how = dict(dots=dots, tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
                 try:
@@ -325,12 +327,13 @@ def measure_kernels(shape, args, device):
                 rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out, ms=fwd))
                 rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2, ms=bwd))
     finally:  # the kernels' own choices, as they were, whatever happened
-        kernels.LOW_PRECISION_DOTS, kernels.COLUMNS, kernels.NUM_WARPS, kernels.NMAX = chosen
+        for name, value in zip(("LOW_PRECISION_DOTS", *KNOBS), chosen):
+            setattr(kernels, name, value)
     for r in rows:
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
     print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
           f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}; tile: columns/warps/outputs a "
-          "launch")
+          "launch/grad-w split")
     print(f"{'op':>20} {'dots':>5} {'tile':>10} {'slots':>6} {'ms':>9} {'GB/s':>8}")
     for r in rows:
         print(f"{r['op']:>20} {r['dots']:>5} {r['tile']:>10} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")

@@ -64,6 +64,9 @@ USE_TRITON = os.environ.get("LIME_TRITON", "auto")
 # 0: one launch takes every output, looping over tables of their addresses (bench.py --kernels --sweep tries 8, 16, 0)
 NMAX = 8
 COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
+# the backward's grad-w product, (KP x columns) @ (columns x KP), as SPLIT products over a share of the columns each,
+# one batched dot (a power of 2): fewer registers a thread than the one long product of 1 (README "Performance")
+SPLIT = 1
 # bf16 K/V: the dot operands stay bf16, w cast to bf16 as the plain path does; accumulation is fp32 either
 # way. False converts the operands to fp32 first (tf32 dots): a much slower backward (bench.py --kernels)
 LOW_PRECISION_DOTS = True
@@ -202,21 +205,25 @@ if triton is not None:
 
     @triton.jit
     def _bwd_one(acc, xt, g_i, w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask, NKV: tl.constexpr,
-                 NEED_W: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+                 NEED_W: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         g = tl.load(g_i + offs, mask=mask, other=0.0)  # read once for both gradients
         if not LOWP:
             g = g.to(tl.float32)
         wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
         acc += tl.dot(wt, g, input_precision=PREC)
         if NEED_W:  # this tile's share of grad w[i] = g_i @ x^T, summed over the tiles by torch
-            gw = tl.dot(g, xt, input_precision=PREC)  # (KP, KP)
+            if SPLIT == 1:
+                gw = tl.dot(g, xt, input_precision=PREC)  # (KP, KP)
+            else:  # (KP, C) -> (SPLIT, KP, C / SPLIT): a batch of shorter products, then their sum
+                g3 = tl.permute(tl.reshape(g, (g.shape[0], SPLIT, g.shape[1] // SPLIT)), (1, 0, 2))
+                gw = tl.sum(tl.dot(g3, xt, input_precision=PREC), axis=0)  # (SPLIT, KP, KP) -> (KP, KP)
             tl.store(grad_w + (tl.program_id(0) * n_total + i) * NKV * NKV + w_offs, gw, mask=w_mask)
         return acc
 
     @triton.jit
     def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, n_total, P, NKV: tl.constexpr, E: tl.constexpr,
                    KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, NEED_W: tl.constexpr,
-                   ACCUMULATE: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+                   SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
         head = tl.arange(0, KP)
         w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
@@ -229,16 +236,18 @@ if triton is not None:
             x = tl.load(kv + offs, mask=mask, other=0.0)
             if not LOWP:
                 x = x.to(tl.float32)
-            xt = tl.trans(x)
+            xt = tl.trans(x)  # (C, KP), C = BP * BE columns
+            if SPLIT > 1:  # (KP, C) -> (SPLIT, C / SPLIT, KP)
+                xt = tl.permute(tl.reshape(x, (KP, SPLIT, BP * BE // SPLIT)), (1, 2, 0))
         if NMAX == 0:  # grads: a table of addresses; a loop that runs n_out times
             for i in range(n_out):
                 acc = _bwd_one(acc, xt, _at(grads, i, kv), w, grad_w, i, n_total, offs, mask, w_offs, wt_offs,
-                               w_mask, NKV, NEED_W, PREC, LOWP)
+                               w_mask, NKV, NEED_W, SPLIT, PREC, LOWP)
         else:  # grads: a tuple of NMAX pointers; the loop unrolled
             for i in tl.static_range(NMAX):
                 if i < n_out:
                     acc = _bwd_one(acc, xt, grads[i], w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask,
-                                   NKV, NEED_W, PREC, LOWP)
+                                   NKV, NEED_W, SPLIT, PREC, LOWP)
         tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
 
 
@@ -291,7 +300,8 @@ def _route_backward_triton(grads, kv, w, need_w):
     # so the sum is the same at every run
     gw = torch.empty(programs if need_w else 1, len(grads), meta["NKV"], meta["NKV"], device=kv.device,
                      dtype=torch.float32)
+    split = max(1, min(SPLIT, meta["BP"] * meta["BE"] // 16))  # (tl.dot: products of 16 columns or more)
     for a, b in _chunks(len(grads)):
         _route_bwd[(programs,)](kv, w[a:], _pointers(grads[a:b], b - a, kv), grad_kv, gw[:, a:], b - a, len(grads),
-                                P, NEED_W=need_w, ACCUMULATE=a > 0, **meta)
+                                P, NEED_W=need_w, SPLIT=split, ACCUMULATE=a > 0, **meta)
     return grad_kv, gw.sum(0).to(w.dtype) if need_w else w.new_zeros(w.shape)

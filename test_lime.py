@@ -425,18 +425,20 @@ def laid_out(t, layout):
     return guard[:t.numel()].view(t.shape)
 
 
-@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, layout", [
-    (3, 2, 3, 8, torch.float32, 256, 8, "guarded"),  # heads and positions that fill no block
-    (3, 2, 3, 8, torch.float32, 32, 8, "guarded"),  # tiles of 4 positions: many programs, the last one partly filled
-    (11, 10, 4, 12, torch.float32, 256, 8, "strided"),  # more outputs than one launch takes (kernels.NMAX); E not a
+@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, split, layout", [
+    (3, 2, 3, 8, torch.float32, 256, 8, 1, "guarded"),  # heads and positions that fill no block
+    (3, 2, 3, 8, torch.float32, 32, 8, 1, "guarded"),  # tiles of 4 positions: many programs, the last one partly filled
+    (11, 10, 4, 12, torch.float32, 256, 8, 1, "strided"),  # more outputs than one launch takes (kernels.NMAX); E not a
     # power of 2
-    (17, 16, 4, 12, torch.float32, 256, 16, "strided"),  # 16 outputs a launch, as bench.py --sweep tries: two launches
-    (2, 0, 2, 16, torch.bfloat16, 256, 8, "guarded"),
-    (2, 1, 17, 12, torch.float32, 8, 8, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a tile
-    (11, 10, 4, 12, torch.float32, 32, 0, "strided"),  # NMAX = 0: one launch loops over tables of addresses
-    (3, 0, 3, 8, torch.bfloat16, 256, 0, "guarded"),
+    (17, 16, 4, 12, torch.float32, 256, 16, 1, "strided"),  # 16 outputs a launch: two launches
+    (2, 0, 2, 16, torch.bfloat16, 256, 8, 1, "guarded"),
+    (2, 1, 17, 12, torch.float32, 8, 8, 1, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a tile
+    (11, 10, 4, 12, torch.float32, 32, 0, 1, "strided"),  # NMAX = 0: one launch loops over tables of addresses
+    (3, 0, 3, 8, torch.bfloat16, 256, 0, 4, "guarded"),  # grad w's product in 4 shares of the tile's 256 columns
+    (11, 10, 4, 12, torch.float32, 64, 8, 8, "strided"),  # 8 asked, 4 taken: a share is 16 columns or more
 ])
-def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, layout):
+def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, split,
+                                            layout):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation, on inputs laid out in
     memory as `laid_out` says; grad w against its sums in float64 (both accumulate in fp32, bf16 K/V too). LIME_TRITON
     picks the implementation: 0 plain PyTorch, 1 Triton (here in the interpreter), auto Triton for CUDA tensors only;
@@ -444,6 +446,7 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     pytest.importorskip("triton")
     monkeypatch.setattr(kernels, "COLUMNS", columns)
     monkeypatch.setattr(kernels, "NMAX", nmax)
+    monkeypatch.setattr(kernels, "SPLIT", split)
     g = torch.Generator().manual_seed(0)
     kv, w = torch.randn(2, 17, n_kv, E, generator=g).to(dtype), torch.randn(n_out, n_kv, n_kv, generator=g)
     partials = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_partials)]
@@ -490,19 +493,20 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("n_kv, dtype, low, tile", [
     (12, torch.bfloat16, True, None), (8, torch.bfloat16, True, None), (12, torch.bfloat16, False, None),
-    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 4, 8)), (8, torch.bfloat16, True, (512, 8, 16)),
-    (12, torch.bfloat16, True, (256, 4, 16)), (12, torch.bfloat16, True, (256, 4, 0)),
-    (8, torch.bfloat16, True, (128, 8, 0)), (12, torch.float32, False, (512, 8, 0))])
+    (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 4, 8, 1)),
+    (8, torch.bfloat16, True, (512, 8, 16, 1)), (12, torch.bfloat16, True, (256, 4, 16, 1)),
+    (12, torch.bfloat16, True, (256, 4, 0, 1)), (8, torch.bfloat16, True, (128, 8, 0, 4)),
+    (12, torch.bfloat16, True, (256, 8, 8, 4)), (12, torch.float32, False, (512, 8, 0, 4))])
 def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low, tile):
     """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
     with either choice of dot operands and the smallest and largest tile `bench.py --kernels --sweep` tries (8 and
     16 outputs a launch, unrolled; 10 outputs here: two launches, then one; or 0: all in one launch, looping over tables
-    of addresses), and
+    of addresses; grad w's product whole or in 4 shares), and
     the plain path, each against the same sums in float64. They round bf16 differently, so they are held to the
     exact sums, not to each other."""
     monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
     if tile:
-        for name, value in zip(("COLUMNS", "NUM_WARPS", "NMAX"), tile):
+        for name, value in zip(("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT"), tile):
             monkeypatch.setattr(kernels, name, value)
     g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(4, 256, n_kv, 128, device="cuda", generator=g).to(dtype)
