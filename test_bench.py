@@ -308,17 +308,17 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     pytest.importorskip("triton")
     monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
                                                vocab_size=32, block_size=4, batch_size=1))
-    monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1), (48, 4, 16, 1), (64, 8, 0, 2)])  # (Triton refuses 48 columns)
+    monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1), (48, 4, 16, 1), (64, 8, 16, 2)])  # (Triton refuses 48 columns)
     monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
     monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: [fn(), 1.0][1])  # each once: interpreted
     chosen = [getattr(bench.kernels, name) for name in bench.KNOBS]
     out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1"])
     assert [(r["op"], r["tile"]) for r in out["kernels"]][:5] == [
         ("copy", "-"), ("forward, layer 0", "32/2/8/1"), ("backward, layer 0", "32/2/8/1"),
-        ("forward, layer 0", "64/8/0/2"), ("backward, layer 0", "64/8/0/2")]
+        ("forward, layer 0", "64/8/16/2"), ("backward, layer 0", "64/8/16/2")]
     assert [getattr(bench.kernels, name) for name in bench.KNOBS] == chosen
     printed = capsys.readouterr().out
-    assert "64/8/0/2" in printed and "layer 0, tile 48/4/16/1: failed (" in printed  # the rest of the sweep timed
+    assert "64/8/16/2" in printed and "layer 0, tile 48/4/16/1: failed (" in printed  # the rest of the sweep timed
     with pytest.raises(Exception, match="power of 2"):  # (not in a sweep: a failure is the run's)
         monkeypatch.setattr(bench.kernels, "COLUMNS", 48)
         bench.main(["--device", "cpu", "--kernels", "--shape", "t", "--steps", "1"])

@@ -425,6 +425,11 @@ def laid_out(t, layout):
     return guard[:t.numel()].view(t.shape)
 
 
+# NOTE Triton's CPU interpreter runs a loop of a runtime count (kernels.NMAX = 0) from Triton 3.7 on: 3.6's (which
+# CUDA builds of torch 2.11 bring) fails on it under numpy 2. The GPU compiles it with either
+LOOPS_INTERPRETED = kernels.triton is None or tuple(map(int, kernels.triton.__version__.split(".")[:2])) >= (3, 7)
+
+
 @pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, split, layout", [
     (3, 2, 3, 8, torch.float32, 256, 8, 1, "guarded"),  # heads and positions that fill no block
     (3, 2, 3, 8, torch.float32, 32, 8, 1, "guarded"),  # tiles of 4 positions: many programs, the last one partly filled
@@ -444,6 +449,8 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     picks the implementation: 0 plain PyTorch, 1 Triton (here in the interpreter), auto Triton for CUDA tensors only;
     float64 K/V always go to the plain path."""
     pytest.importorskip("triton")
+    if nmax == 0 and not LOOPS_INTERPRETED:
+        pytest.skip(f"Triton {kernels.triton.__version__}'s interpreter cannot run a loop of a runtime count")
     monkeypatch.setattr(kernels, "COLUMNS", columns)
     monkeypatch.setattr(kernels, "NMAX", nmax)
     monkeypatch.setattr(kernels, "SPLIT", split)
