@@ -61,7 +61,7 @@ except ImportError:  # CPU builds of torch come without Triton: the plain path n
 # tensor; on the CPU that needs TRITON_INTERPRET=1, which is how the tests run the kernels)
 USE_TRITON = os.environ.get("LIME_TRITON", "auto")
 # outputs per kernel launch, the loop over them unrolled: a source with more readers launches again and rereads kv.
-# 0: one launch takes every output, looping over tables of their addresses (bench.py --kernels --sweep tries 8, 16, 0)
+# 0: one launch takes every output, looping over tables of their addresses (bench.py --kernels --sweep tries 8 and 0)
 NMAX = 8
 COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide; warps per program
 # the backward's grad-w product, (KP x columns) @ (columns x KP), as SPLIT products over a share of the columns each,
@@ -70,11 +70,32 @@ SPLIT = 1
 # bf16 K/V: the dot operands stay bf16, w cast to bf16 as the plain path does; accumulation is fp32 either
 # way. False converts the operands to fp32 first (tf32 dots): a much slower backward (bench.py --kernels)
 LOW_PRECISION_DOTS = True
+# LIME_TILE: COLUMNS/NUM_WARPS/NMAX/SPLIT for this process, as bench.py --kernels --sweep names a tile (e.g.
+# 256/4/0/4): a tile tried, or kept for one GPU, without editing this file
+TILE = os.environ.get("LIME_TILE")
+
+
+def tile_problem(tile):
+    """What is wrong with a LIME_TILE value (a message), or None."""
+    parts = tile.split("/")
+    if len(parts) != 4 or not all(part.isascii() and part.isdigit() for part in parts):
+        return f"LIME_TILE={tile!r}: four whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT, e.g. 256/4/8/1"
+    columns, warps, _, split = map(int, parts)
+    if not all(0 < n and n & (n - 1) == 0 for n in (columns, warps, split)) or warps > 32:
+        return f"LIME_TILE={tile!r}: COLUMNS, NUM_WARPS (32 at most) and SPLIT are powers of 2"
+    return None
+
+
+if TILE and not tile_problem(TILE):  # (a bad one is refused as a script picks its device: setting_problem)
+    COLUMNS, NUM_WARPS, NMAX, SPLIT = map(int, TILE.split("/"))
 
 
 def setting_problem(device):
-    """What is wrong with LIME_TRITON for a run on `device` (a message), or None: checked as a script picks its
-    device (cli.pick_device), where a bad value would otherwise be a traceback from Triton or silently "auto"."""
+    """What is wrong with LIME_TRITON or LIME_TILE for a run on `device` (a message), or None: checked as a script
+    picks its device (cli.pick_device), where a bad value would otherwise be a traceback from Triton or silently
+    the default."""
+    if TILE and (problem := tile_problem(TILE)):
+        return problem
     if USE_TRITON not in ("auto", "0", "1"):
         return f"LIME_TRITON={USE_TRITON!r}: choose from auto (Triton on CUDA), 0 (plain PyTorch) or 1 (Triton always)"
     if USE_TRITON == "1" and triton is None:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import stat
 import struct
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -83,6 +84,27 @@ def test_lime_triton_is_checked_with_the_device(monkeypatch):
     for value in ("0", "auto"):
         monkeypatch.setattr(kernels, "USE_TRITON", value)
         assert cli.pick_device("cpu") == "cpu"
+
+
+
+def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch):
+    """LIME_TILE names a tile as bench.py --kernels --sweep does, and sets the kernels' four knobs for the process; a
+    value that is not four whole numbers, or not powers of 2 where Triton needs them, is one line as the device is
+    picked, where the kernels would otherwise run the default tile without a word."""
+    import kernels
+    for tile, problem in [("256/4/8", "four whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT"),
+                          ("256/4/x/1", "four whole numbers"), ("256/4/-1/1", "four whole numbers"),
+                          ("192/4/8/1", "COLUMNS, NUM_WARPS (32 at most) and SPLIT are powers of 2"),
+                          ("256/64/8/1", "are powers of 2"), ("256/4/8/0", "are powers of 2")]:
+        monkeypatch.setattr(kernels, "TILE", tile)
+        with pytest.raises(cli.UsageError, match=re.escape(f"LIME_TILE={tile!r}: ") + f".*{re.escape(problem)}"):
+            cli.pick_device("cpu")
+    monkeypatch.setattr(kernels, "TILE", "128/8/0/4")
+    assert cli.pick_device("cpu") == "cpu"
+    knobs = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.COLUMNS, kernels.NUM_WARPS, "
+                            "kernels.NMAX, kernels.SPLIT)"], env={**os.environ, "LIME_TILE": "128/8/0/4"},
+                           capture_output=True, text=True, cwd=Path(kernels.__file__).parent)
+    assert knobs.stdout.split() == ["128", "8", "0", "4"], knobs.stderr
 
 
 def test_metrics_show_accuracies_in_percent():
