@@ -64,11 +64,10 @@ SHAPES = {
     "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, vocab_size=50304,
                  block_size=2048, batch_size=16),
 }
-# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split) as kernels.py names them; a
+# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split): kernels.KNOBS; a
 # column is one (position, value) of a slot. 0 outputs: one launch for all, its loop over tables of addresses. Not
 # tried: 1024 columns, whose backward spills some 50 KB of registers a thread (ptxas for sm_90, run offline), 2 warps,
 # which spill from 256 columns, or 16 outputs, which the 0 outputs' one launch covers
-KNOBS = ("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT")
 TILES = [(columns, warps, n, split) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 0)
          for split in (1, 4)]
 # --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone or the
@@ -301,8 +300,9 @@ def measure_kernels(shape, args, device):
     rows = [dict(op="copy", dots="-", tile="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
     triton_kernels = kernels.use_triton(kv)
     # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS); with --sweep,
-    # every tile of TILES (the KNOBS of kernels.py), with the chosen operands
-    chosen = tuple(getattr(kernels, name) for name in ("LOW_PRECISION_DOTS", *KNOBS))
+    # every tile of TILES (kernels.KNOBS), with the chosen operands
+    knobs = ("LOW_PRECISION_DOTS", *kernels.KNOBS)
+    chosen = tuple(getattr(kernels, name) for name in knobs)
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
     if args.sweep and triton_kernels:
         choices = [(chosen[0], *tile) for tile in TILES]
@@ -313,7 +313,7 @@ def measure_kernels(shape, args, device):
             w = torch.randn(n_out, n_kv, n_kv, device=device, generator=gen) / n_kv**0.5
             partials, grads = [slot() for _ in range(n_part)], [slot() for _ in range(n_out)]
             for choice in choices:
-                for name, value in zip(("LOW_PRECISION_DOTS", *KNOBS), choice):
+                for name, value in zip(knobs, choice):
                     setattr(kernels, name, value)
                 dots = ("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-"
                 how = dict(dots=dots, tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
@@ -328,7 +328,7 @@ def measure_kernels(shape, args, device):
                 rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out, ms=fwd))
                 rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2, ms=bwd))
     finally:  # the kernels' own choices, as they were, whatever happened
-        for name, value in zip(("LOW_PRECISION_DOTS", *KNOBS), chosen):
+        for name, value in zip(knobs, chosen):
             setattr(kernels, name, value)
     for r in rows:
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6

@@ -72,6 +72,7 @@ SPLIT = 1
 LOW_PRECISION_DOTS = True
 # LIME_TILE: COLUMNS/NUM_WARPS/NMAX/SPLIT for this process, as bench.py --kernels --sweep names a tile (e.g.
 # 256/4/0/4): a tile tried, or kept for one GPU, without editing this file
+KNOBS = ("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT")  # a tile's knobs, in that order
 TILE = os.environ.get("LIME_TILE")
 
 
@@ -79,7 +80,7 @@ def tile_problem(tile):
     """What is wrong with a LIME_TILE value (a message), or None."""
     parts = tile.split("/")
     if len(parts) != 4 or not all(part.isascii() and part.isdigit() for part in parts):
-        return f"LIME_TILE={tile!r}: four whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT, e.g. 256/4/8/1"
+        return f"LIME_TILE={tile!r}: four whole numbers, {'/'.join(KNOBS)}, e.g. 256/4/8/1"
     columns, warps, _, split = map(int, parts)
     if not all(0 < n and n & (n - 1) == 0 for n in (columns, warps, split)) or warps > 32:
         return f"LIME_TILE={tile!r}: COLUMNS, NUM_WARPS (32 at most) and SPLIT are powers of 2"

@@ -311,12 +311,12 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1), (48, 4, 16, 1), (64, 8, 16, 2)])  # (Triton refuses 48 columns)
     monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
     monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: [fn(), 1.0][1])  # each once: interpreted
-    chosen = [getattr(bench.kernels, name) for name in bench.KNOBS]
+    chosen = [getattr(bench.kernels, name) for name in bench.kernels.KNOBS]
     out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1"])
     assert [(r["op"], r["tile"]) for r in out["kernels"]][:5] == [
         ("copy", "-"), ("forward, layer 0", "32/2/8/1"), ("backward, layer 0", "32/2/8/1"),
         ("forward, layer 0", "64/8/16/2"), ("backward, layer 0", "64/8/16/2")]
-    assert [getattr(bench.kernels, name) for name in bench.KNOBS] == chosen
+    assert [getattr(bench.kernels, name) for name in bench.kernels.KNOBS] == chosen
     printed = capsys.readouterr().out
     assert "64/8/16/2" in printed and "layer 0, tile 48/4/16/1: failed (" in printed  # the rest of the sweep timed
     with pytest.raises(Exception, match="power of 2"):  # (not in a sweep: a failure is the run's)
