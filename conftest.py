@@ -28,6 +28,10 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():  # before lime imports kernels.py: Triton kernels then run on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# NOTE the tests choose their own kernels and tiles: a LIME_TRITON or LIME_TILE left in the shell (from timing a
+# tile with bench.py) would change what every test, and every script they start, runs
+for knob in ("LIME_TRITON", "LIME_TILE"):
+    os.environ.pop(knob, None)
 # NOTE a job a script starts in the background (`pytest &`, nohup) ignores Ctrl-C, and so would every script the
 # tests start: the tests of Ctrl-C need it as an interactive shell leaves it, to Python's handler
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

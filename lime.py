@@ -229,8 +229,11 @@ class Routing:
     @staticmethod
     def push_targets(routers):
         """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
-        return [[r.layer for r in routers if not r.pulled and j in r.sources[:-1]]  # (sources[-1]: the layer itself)
-                for j in range(len(routers))]
+        targets = [[] for _ in routers]
+        for r in routers:  # ascending, so each list is too
+            for j in [] if r.pulled else r.sources[:-1]:  # (sources[-1]: the layer itself)
+                targets[j].append(r.layer)
+        return targets
 
     def pull(self, router, sources, x):
         """sources: the K/V (B, T, n_kv, E) of router.sources, in order -> the routed K/V of the router's layer."""

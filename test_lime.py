@@ -2,6 +2,7 @@
 (a fork's too). test_a_router_is_one_class: a router written in this file, trained, evaluated, pruned and
 benchmarked through the scripts' own code; a fork's module has a test file of its own (README "Fork it")."""
 
+import collections
 import json
 import math
 import re
@@ -321,6 +322,43 @@ def test_one_graph_without_breaks(mode):
     model = small_model(mode, n_layer=3)
     explanation = torch._dynamo.explain(model)(tokens(), tokens())
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_routing_copies_no_kv_around_its_op():
+    """The graphs torch.compile's AOT autograd hands the compiler, forward and backward: the static routing adds its
+    ops and small tensors (the router weights each push stacks, their gradients), and nothing of a layer's K/V's size
+    but the op's own outputs. No copy, cat or transpose of K/V before or after `lime::route` (a step's extra time on a
+    GPU is in the kernels, or in what the compiler makes of the graph, not in a copy here)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def large_values(mode):  # the ops of the graphs' values that are at least one layer's K/V in size, counted
+        config = small_config(mode, n_layer=3)  # layer 0 pushes into layer 1's partial sum: every path
+        slot = 2 * 16 * config.n_kv_head * 2 * config.n_embd // config.n_head  # (B, T, n_kv, 2 * head_dim)
+        counts = {}
+
+        def backend(gm, inputs):
+            def capture(name):
+                def compiler(graph, _):
+                    counts[name] = collections.Counter(
+                        str(n.target) for n in graph.graph.nodes if n.op == "call_function"
+                        and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].numel() >= slot)
+                    return make_boxed_func(graph.forward)
+                return compiler
+            return aot_module_simplified(gm, inputs, fw_compiler=capture("forward"), bw_compiler=capture("backward"))
+
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        _, loss = torch.compile(GPT(config), backend=backend, fullgraph=True)(tokens(), tokens())
+        loss.backward()
+        return counts
+
+    base, routed = large_values("none"), large_values("lime")
+    # each route and route_backward call returns a list: its outputs are the getitems (3 layers: 3 + 2 + 1 forward,
+    # one grad kv a layer backward)
+    assert routed["forward"] - base["forward"] == {"<built-in function getitem>": 6}, routed["forward"]
+    assert routed["backward"] - base["backward"] == {"<built-in function getitem>": 3}, routed["backward"]
+    assert not base["forward"] - routed["forward"] and not base["backward"] - routed["backward"]
 
 
 @pytest.mark.parametrize("mode", MODES)
