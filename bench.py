@@ -26,7 +26,8 @@ allocator peak, so memory there is the bytes autograd saves for backward.
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, atomic_write, autocast_for, compiles,
-                 fail, file_state, folder_problem, one_line_errors, peak_flops, pick_device, read_json, synchronize)
+                 fail, file_state, first_line, folder_problem, one_line_errors, peak_flops, pick_device, read_json,
+                 synchronize)
 
 import argparse
 import hashlib
@@ -323,7 +324,7 @@ def measure_kernels(shape, args, device):
                 except Exception as e:  # (Triton's, compiling a tile: in a sweep, the other tiles are still timed)
                     if not args.sweep:
                         raise
-                    print(f"layer {layer}, tile {how['tile']}: failed ({str(e).strip().splitlines()[0][:200]})")
+                    print(f"layer {layer}, tile {how['tile']}: failed ({first_line(e)})")
                     continue
                 rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out, ms=fwd))
                 rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2, ms=bwd))
@@ -603,7 +604,7 @@ def main(argv=None):
                 report(results, f"{depth} layers: training step (median of {args.steps}) and generation", args.profile)
                 out["runs"].append(dict(n_layer=depth, results=results))
         except RuntimeError as e:  # a mode's process that failed (its output is above), or torch in this one
-            fail("bench.py", f"error: {str(e).splitlines()[0]}", 1)
+            fail("bench.py", f"error: {first_line(e)}", 1)
         if args.json:
             write_json(args, out)
             print(f"wrote {args.json}")

@@ -119,6 +119,11 @@ def fail(script, message, code, say=True):
     sys.exit(code)
 
 
+def first_line(e):
+    """An exception's message in one line: its first, or its type's name where it says nothing."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def lost_peer(e):
     """What a failed collective of torch.distributed says, in short, where another process of the run is gone: gloo's
     'Connection closed by peer [127.0.0.1]:61068' (a RuntimeError whose text begins with its place in gloo's
@@ -426,7 +431,7 @@ def atomic_write(path, write):
         cause = e.__context__  # the error of its write, if any, says why ("No space left on device"); torch's own
         if isinstance(cause, OSError):  # only where it stopped ("unexpected pos 523328 vs 523216")
             raise DataError(f"cannot write {path}: {cause.strerror or cause}") from None
-        raise DataError(f"cannot write {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        raise DataError(f"cannot write {path}: {first_line(e)}") from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -81,9 +81,11 @@ def tile_problem(tile):
     parts = tile.split("/")
     if len(parts) != 4 or not all(part.isascii() and part.isdigit() for part in parts):
         return f"LIME_TILE={tile!r}: four whole numbers, {'/'.join(KNOBS)}, e.g. 256/4/8/1"
-    columns, warps, _, split = map(int, parts)
-    if not all(0 < n and n & (n - 1) == 0 for n in (columns, warps, split)) or warps > 32:
-        return f"LIME_TILE={tile!r}: COLUMNS, NUM_WARPS (32 at most) and SPLIT are powers of 2"
+    columns, warps, nmax, split = map(int, parts)
+    if not all(0 < n and n & (n - 1) == 0 for n in (columns, warps, split)) or not 16 <= columns <= 4096 \
+            or warps > 32 or nmax > 64:
+        return (f"LIME_TILE={tile!r}: COLUMNS (16 to 4096), NUM_WARPS (32 at most) and SPLIT are powers of 2, "
+                "NMAX 0 to 64")
     return None
 
 
@@ -177,7 +179,7 @@ route.register_autograd(_backward, setup_context=_setup_context)
 # Triton kernels. A program takes a tile of BP positions: kv[pos] is an (n_kv, E) matrix, so the
 # tile is (KP, BP * BE) with a row per head and a column per (position, e), and it is one
 # contiguous stretch of memory. Mixing heads is then a (KP, KP) @ (KP, BP * BE) product.
-# NOTE tl.dot needs every side >= 16, so heads are padded with zeros to KP >= 16. LOWP keeps bf16
+# NOTE tl.dot needs every side >= 16 (Triton 3.6), so heads are padded with zeros to KP >= 16. LOWP keeps bf16
 # operands in the dots; without it they go to fp32 first, which Triton's CPU interpreter needs,
 # since it cannot multiply bf16 matrices (the tests run the kernels there in fp32 dots).
 
@@ -193,9 +195,12 @@ if triton is not None:
         return offs, mask
 
     @triton.jit
-    def _at(table, i, like):
+    def _at(table, i, like, ALIGNED: tl.constexpr):
         """Entry i of a table of addresses (NMAX = 0), as a pointer to `like`'s element type."""
-        return tl.load(table + i).to(tl.pointer_type(like.dtype.element_ty))
+        p = tl.load(table + i).to(tl.pointer_type(like.dtype.element_ty))
+        # NOTE an address loaded from memory says nothing of its alignment, where Triton finds that of a pointer
+        # argument itself: without the hint every load and store of it is one element wide, not 16 bytes
+        return tl.multiple_of(p, 16) if ALIGNED else p
 
     @triton.jit
     def _fwd_one(x, w_i, out_i, partial_i, i, n_partial, offs, mask, w_offs, w_mask, PREC: tl.constexpr):
@@ -207,8 +212,8 @@ if triton is not None:
 
     @triton.jit
     def _route_fwd(kv, w, outs, partials, n_out, n_partial, P, NKV: tl.constexpr, E: tl.constexpr,
-                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, PREC: tl.constexpr,
-                   LOWP: tl.constexpr):
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, ALIGNED: tl.constexpr,
+                   PREC: tl.constexpr, LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
         x = tl.load(kv + offs, mask=mask, other=0.0)  # read once for all outputs
         if not LOWP:
@@ -217,8 +222,8 @@ if triton is not None:
         w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
         if NMAX == 0:  # outs, partials: tables of addresses; a loop that runs n_out times
             for i in range(n_out):
-                _fwd_one(x, w + i * NKV * NKV, _at(outs, i, kv), _at(partials, i, kv), i, n_partial, offs, mask,
-                         w_offs, w_mask, PREC)
+                _fwd_one(x, w + i * NKV * NKV, _at(outs, i, kv, ALIGNED), _at(partials, i, kv, ALIGNED), i,
+                         n_partial, offs, mask, w_offs, w_mask, PREC)
         else:  # outs, partials: tuples of NMAX pointers; the loop unrolled
             for i in tl.static_range(NMAX):
                 if i < n_out:
@@ -244,8 +249,9 @@ if triton is not None:
 
     @triton.jit
     def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, n_total, P, NKV: tl.constexpr, E: tl.constexpr,
-                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, NEED_W: tl.constexpr,
-                   SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, ALIGNED: tl.constexpr,
+                   NEED_W: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
+                   LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
         head = tl.arange(0, KP)
         w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
@@ -263,8 +269,8 @@ if triton is not None:
                 xt = tl.permute(tl.reshape(x, (KP, SPLIT, BP * BE // SPLIT)), (1, 2, 0))
         if NMAX == 0:  # grads: a table of addresses; a loop that runs n_out times
             for i in range(n_out):
-                acc = _bwd_one(acc, xt, _at(grads, i, kv), w, grad_w, i, n_total, offs, mask, w_offs, wt_offs,
-                               w_mask, NKV, NEED_W, SPLIT, PREC, LOWP)
+                acc = _bwd_one(acc, xt, _at(grads, i, kv, ALIGNED), w, grad_w, i, n_total, offs, mask, w_offs,
+                               wt_offs, w_mask, NKV, NEED_W, SPLIT, PREC, LOWP)
         else:  # grads: a tuple of NMAX pointers; the loop unrolled
             for i in tl.static_range(NMAX):
                 if i < n_out:
@@ -273,14 +279,22 @@ if triton is not None:
         tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
 
 
-def _launch_shape(kv):
-    """Block sizes and choices: heads padded to KP, E to BE, BP positions per tile (COLUMNS columns)."""
+def _launch_shape(kv, tensors):
+    """Block sizes and choices: heads padded to KP, E to BE, BP positions per tile (COLUMNS columns); ALIGNED where
+    every tensor a launch reaches starts on 16 bytes (a contiguous view need not), as a table's addresses then say."""
     n_kv, E = kv.shape[-2:]
     assert kv.numel() < 2**31, "int32 offsets in the kernels"
     BE = triton.next_power_of_2(E)
     lowp = LOW_PRECISION_DOTS and kv.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
     return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, COLUMNS // BE),
-                NMAX=NMAX, PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS)
+                NMAX=NMAX, ALIGNED=all(t.data_ptr() % 16 == 0 for t in tensors),
+                PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS)
+
+
+def _split(meta):
+    """SPLIT, or fewer shares where the tile is narrow: tl.dot on a GPU takes products of 16 columns or more (the
+    interpreter takes any)."""
+    return max(1, min(SPLIT, meta["BP"] * meta["BE"] // 16))
 
 
 def _chunks(n):
@@ -298,13 +312,16 @@ def _pointers(tensors, n, filler):
     tensors = tuple(tensors) + (filler,) * ((NMAX or n) - len(tensors))
     if NMAX:
         return tensors
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=filler.device)
+    # NOTE a copy to the GPU from pageable memory waits until the GPU has run all it was given, every layer, forward
+    # and backward; from pinned memory it waits for nothing (the pinned buffer is kept until the copy has run)
+    table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, pin_memory=filler.is_cuda)
+    return table.to(filler.device, non_blocking=True)
 
 
 def _route_triton(kv, w, partials):
-    meta = _launch_shape(kv)
-    P = kv.numel() // (meta["NKV"] * meta["E"])  # positions, B*T
     outs = [torch.empty_like(kv) for _ in range(w.shape[0])]
+    meta = _launch_shape(kv, [kv, *outs, *partials])
+    P = kv.numel() // (meta["NKV"] * meta["E"])  # positions, B*T
     for a, b in _chunks(len(outs)):
         part = partials[a:b]
         _route_fwd[(triton.cdiv(P, meta["BP"]),)](kv, w[a:], _pointers(outs[a:b], b - a, kv),
@@ -313,17 +330,17 @@ def _route_triton(kv, w, partials):
 
 
 def _route_backward_triton(grads, kv, w, need_w):
-    meta = _launch_shape(kv)
+    grad_kv = torch.empty_like(kv)
+    meta = _launch_shape(kv, [kv, grad_kv, *grads])
     P = kv.numel() // (meta["NKV"] * meta["E"])
     programs = triton.cdiv(P, meta["BP"])
-    grad_kv = torch.empty_like(kv)
     # one (n_kv, n_kv) share of every grad w[i] per program, in fp32: 2 n_kv / (BP E) of the bytes of the
     # program's g_i tile (9% at 150M), then read once more by the sum. One writer per share: no atomics,
     # so the sum is the same at every run
     gw = torch.empty(programs if need_w else 1, len(grads), meta["NKV"], meta["NKV"], device=kv.device,
                      dtype=torch.float32)
-    split = max(1, min(SPLIT, meta["BP"] * meta["BE"] // 16))  # (tl.dot: products of 16 columns or more)
+    assert gw.numel() < 2**31, "int32 offsets in the kernels"
     for a, b in _chunks(len(grads)):
         _route_bwd[(programs,)](kv, w[a:], _pointers(grads[a:b], b - a, kv), grad_kv, gw[:, a:], b - a, len(grads),
-                                P, NEED_W=need_w, SPLIT=split, ACCUMULATE=a > 0, **meta)
+                                P, NEED_W=need_w, SPLIT=_split(meta), ACCUMULATE=a > 0, **meta)
     return grad_kv, gw.sum(0).to(w.dtype) if need_w else w.new_zeros(w.shape)

@@ -131,6 +131,10 @@ def test_bench_a_mode_whose_process_fails_is_one_line(tmp_path, capsys, monkeypa
     with pytest.raises(SystemExit) as e:  # (the modes in this process: torch's own error, its first line)
         bench.main(["--device", "cpu", "--routers", "lime", "--json", str(path)])
     assert (e.value.code, capsys.readouterr().err) == (1, "bench.py: error: a fault\n")
+    monkeypatch.setattr(bench, "measure", lambda *args: (_ for _ in ()).throw(RuntimeError()))
+    with pytest.raises(SystemExit) as e:  # an error that says nothing: its name
+        bench.main(["--device", "cpu", "--routers", "lime", "--json", str(path)])
+    assert (e.value.code, capsys.readouterr().err) == (1, "bench.py: error: RuntimeError\n")
     assert list(tmp_path.iterdir()) == []
 
 

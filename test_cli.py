@@ -94,13 +94,17 @@ def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch):
     import kernels
     for tile, problem in [("256/4/8", "four whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT"),
                           ("256/4/x/1", "four whole numbers"), ("256/4/-1/1", "four whole numbers"),
-                          ("192/4/8/1", "COLUMNS, NUM_WARPS (32 at most) and SPLIT are powers of 2"),
-                          ("256/64/8/1", "are powers of 2"), ("256/4/8/0", "are powers of 2")]:
+                          ("192/4/8/1", "COLUMNS (16 to 4096), NUM_WARPS (32 at most) and SPLIT are powers of 2, "
+                                        "NMAX 0 to 64"),
+                          ("256/64/8/1", "are powers of 2"), ("256/4/8/0", "are powers of 2"),
+                          ("8/4/8/1", "are powers of 2"), ("8192/4/8/1", "are powers of 2"),  # (Triton: a tile of
+                          ("256/4/65/1", "NMAX 0 to 64")]:  # at most 2**20 values; a launch's arguments: a few KB)
         monkeypatch.setattr(kernels, "TILE", tile)
         with pytest.raises(cli.UsageError, match=re.escape(f"LIME_TILE={tile!r}: ") + f".*{re.escape(problem)}"):
             cli.pick_device("cpu")
-    monkeypatch.setattr(kernels, "TILE", "128/8/0/4")
-    assert cli.pick_device("cpu") == "cpu"
+    for tile in ("128/8/0/4", "16/4/64/1", "4096/32/0/4"):
+        monkeypatch.setattr(kernels, "TILE", tile)
+        assert cli.pick_device("cpu") == "cpu"
     knobs = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.COLUMNS, kernels.NUM_WARPS, "
                             "kernels.NMAX, kernels.SPLIT)"], env={**os.environ, "LIME_TILE": "128/8/0/4"},
                            capture_output=True, text=True, cwd=Path(kernels.__file__).parent)

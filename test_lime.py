@@ -517,6 +517,25 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     assert not no_w[1].any()
 
 
+def test_launches_shares_and_alignment(monkeypatch):
+    """What the interpreter cannot check of a launch: that NMAX = 0 takes every output at once (_chunks; the results
+    are the same either way); that grad w's product is split in shares of 16 columns or more (_split), as tl.dot takes
+    on a GPU (the interpreter takes a share of 8); and that the addresses of a table are said to start on 16 bytes only
+    where they do (ALIGNED: a GPU faults on a wrong promise, the interpreter ignores it)."""
+    monkeypatch.setattr(kernels, "NMAX", 8)
+    assert kernels._chunks(17) == [(0, 8), (8, 16), (16, 17)] and kernels._chunks(8) == [(0, 8)]
+    monkeypatch.setattr(kernels, "NMAX", 0)
+    assert kernels._chunks(17) == [(0, 17)] and kernels._chunks(1) == [(0, 1)]
+    pytest.importorskip("triton")
+    kv = torch.empty(2, 3, 4, 12)  # E 12: 16 columns a position
+    for columns, split, taken in [(256, 4, 4), (64, 8, 4), (16, 4, 1), (512, 1, 1)]:
+        monkeypatch.setattr(kernels, "COLUMNS", columns)
+        monkeypatch.setattr(kernels, "SPLIT", split)
+        assert kernels._split(kernels._launch_shape(kv, [kv])) == taken, (columns, split)
+    assert kernels._launch_shape(kv, [kv, torch.empty(20)[4:]])["ALIGNED"]  # 16 bytes in
+    assert not kernels._launch_shape(kv, [kv, torch.empty(20)[1:]])["ALIGNED"]  # 4 bytes in
+
+
 @pytest.mark.parametrize("mode", ROUTED)  # a fork's router too: CPU runs the kernels interpreted
 def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     pytest.importorskip("triton")
@@ -544,11 +563,10 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     (12, torch.bfloat16, True, (256, 8, 8, 4)), (12, torch.float32, False, (512, 8, 0, 4))])
 def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low, tile):
     """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
-    with either choice of dot operands and the smallest and largest tile `bench.py --kernels --sweep` tries (8 and
-    16 outputs a launch, unrolled; 10 outputs here: two launches, then one; or 0: all in one launch, looping over tables
-    of addresses; grad w's product whole or in 4 shares), and
-    the plain path, each against the same sums in float64. They round bf16 differently, so they are held to the
-    exact sums, not to each other."""
+    with either choice of dot operands, at tiles from 128 to 512 columns and 4 or 8 warps (8 or 16 outputs a launch,
+    unrolled: 10 outputs here take two launches, then one; or 0: all in one launch, looping over tables of addresses;
+    grad w's product whole or in 4 shares), and the plain path, each against the same sums in float64. They round
+    bf16 differently, so they are held to the exact sums, not to each other."""
     monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
     if tile:
         for name, value in zip(("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT"), tile):
@@ -634,7 +652,7 @@ def test_the_op_moves_what_kernels_py_counts(monkeypatch):
         dict(forward=156, backward=102, grad_w=78, relaunched=4)
     assert all(f"= {n} at L = 12" in kernels.__doc__ for n in (156, 102, 16))
     if kernels.triton is not None:  # a tile's (n_kv, n_kv) fp32 share of grad w per output, next to its bf16 slot
-        tile = kernels._launch_shape(torch.empty(16, 2048, 12, 128, dtype=torch.bfloat16, device="meta"))
+        tile = kernels._launch_shape(torch.empty(16, 2048, 12, 128, dtype=torch.bfloat16, device="meta"), [])
         share = 2 * tile["NKV"] ** 2 * 4 / (tile["BP"] * tile["NKV"] * tile["E"] * 2)
         total = 156 + 102 + (1 + 3) * 4 + share * sum(L - j for j in range(L))
         slot = 16 * 2048 * 12 * 128 * 2  # bytes: one layer's bf16 K/V at the 150M shape
