@@ -692,7 +692,8 @@ def never_trained(out_dir, found):
         return all(isinstance(row, dict) and row.get("step") == 0 and
                    row.keys() <= {"step", "session", "router_pruned", "router_weights"} for row in rows) and \
             (not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys())
-    except (ValueError, AttributeError):  # (not JSON, not UTF-8, or JSON but no object)
+    except (ValueError, AttributeError, RecursionError):  # (not JSON, not UTF-8, JSON but no object, nested past
+        # what Python decodes)
         return False
 
 
@@ -711,6 +712,9 @@ def read_checkpoint(out_dir):
     check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.stat().st_size:
         raise DataError(f"{path} is empty (cut short while it was written?)")
+    if not zipfile.is_zipfile(path):  # (a plain pickle: torch.load would warn in two lines before it fails)
+        raise DataError(f"{path} is not a checkpoint of train.py (not a whole zip archive, as torch.save writes: cut "
+                        "short, or another file)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:  # not the file's contents: this user may not read it

@@ -1005,7 +1005,8 @@ DAMAGED = [
      "is not a checkpoint of train.py: it has no 'optimizer'"),
     ("train", then(lambda d, r, t: write(r / "ckpt.pt", b"PK\x03\x04 half a zip"),
                    lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
-     ("--init-from: ", "ckpt.pt is not a checkpoint of train.py (torch.load: ")),
+     ("--init-from: ", "ckpt.pt is not a checkpoint of train.py (not a whole zip archive, as torch.save writes: cut "
+                       "short, or another file)")),
     ("train", then(lambda d, r, t: (t / "link").symlink_to(r),  # another name of the run it starts from: not over it
                    lambda d, r, t: tiny_args(d, t / "link", f"--init-from={r}", "--overwrite")), 2,
      "is the run --init-from starts from: give a new folder"),

@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -243,7 +244,10 @@ def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1)
     (tmp_path / "ckpt.pt").write_text("garbage")
     assert error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1) == \
-        f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a checkpoint of train.py (torch.load: UnpicklingError)"
+        f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a checkpoint of train.py (not a whole zip archive, as " \
+        "torch.save writes: cut short, or another file)"
+    (tmp_path / "ckpt.pt").write_bytes(pickle.dumps({"model": {}}))  # a plain pickle: one line, not torch's warning
+    assert error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1).endswith("cut short, or another file)")
 
 
 def test_a_run_reads_from_any_folder_and_from_an_older_version(language_run, tmp_path, monkeypatch):

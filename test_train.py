@@ -625,8 +625,11 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     theirs = tmp_path / "theirs"  # a config.json that is no run's (but for an empty log, a run that never trained)
     theirs.mkdir()
     (theirs / "config.json").write_text('{"my": "settings"}\n')
-    for run in (old, tmp_path / "log-only", theirs):  # a log alone is a run too: one cut short before its first save
-        if run.name == "log-only":
+    nested = tmp_path / "nested"  # JSON nested deeper than Python decodes: not a run's either, and no traceback
+    nested.mkdir()
+    (nested / "config.json").write_text("[" * 100000)
+    for run in (old, tmp_path / "log-only", theirs, nested):  # a log alone is a run too: one cut short before its
+        if run.name == "log-only":  # first save
             run.mkdir()
             (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
         err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
