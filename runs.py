@@ -712,13 +712,14 @@ def read_checkpoint(out_dir):
     check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.stat().st_size:
         raise DataError(f"{path} is empty (cut short while it was written?)")
-    if not zipfile.is_zipfile(path):  # (a plain pickle: torch.load would warn in two lines before it fails)
-        raise DataError(f"{path} is not a checkpoint of train.py (not a whole zip archive, as torch.save writes: cut "
-                        "short, or another file)")
     try:
+        zipfile.ZipFile(path).close()  # (a plain pickle: torch.load would warn in two lines before it fails)
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:  # not the file's contents: this user may not read it
         raise DataError(f"{path} cannot be read ({e.strerror or type(e).__name__})") from None
+    except zipfile.BadZipFile:
+        raise DataError(f"{path} is not a checkpoint of train.py (not a whole zip archive, as torch.save writes: cut "
+                        "short, or another file)") from None
     except Exception as e:
         raise DataError(f"{path} is not a checkpoint of train.py (torch.load: {type(e).__name__})") from None
     try:  # torch.load checks none of the checksums torch.save writes: a byte changed in a weight would load silently
