@@ -323,6 +323,9 @@ def eval_rows(run_dir):
         print(notice)
     rows = [r for r in rows if "val_loss" in r]
     for r in rows:
+        if gap := runs.tier_gap(r, config.get("task")):
+            raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: no {gap!r}, where its task's other tiers "
+                            "have one")
         for key, value in r.items():
             fault = runs.metric_fault(key, value, diverged=r is rows[-1]) or \
                 (key.startswith("val_") and not runs.of_kind(value, float) and "not a number")  # (a fork's metric)
@@ -459,11 +462,11 @@ def cmd_prune(args):
             runs.refuse_changed(save, seen, "while this one pruned")  # (a prune --save of its own, or a run)
             runs.clear_run(save)
             config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
-            try:
+            try:  # the checkpoint first and prune.json last: killed in between (kill -9), what is there is a model
+                runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
                 atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))
                 atomic_write(save / "prune.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-                runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
-            except DataError:  # (a full disk) no pruned model without its checkpoint: the same command goes again
+            except BaseException:  # (a full disk, Ctrl-C) no part of a pruned model: the same command goes again
                 runs.clear_run(save)
                 raise
         print(f"saved the pruned checkpoint in {save}")

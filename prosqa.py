@@ -164,6 +164,8 @@ class Data(TaskRows):
         self.tests = [(ids[:n_prompt].tolist(), answer, most) for (ids, n_prompt), answer in zip(test, answers)]
         self.vocab_size = self.pad + 1  # GPT-2's end-of-text is the last of its tokens
         self.longest = max(len(ids) for ids, _ in self.train + self.val + test)
+        if with_train:  # NOTE a run needs GPT-2's vocabulary only to score its first evaluation (metrics): without it
+            gpt2_encoding()  # (no cache, no network) it would fail there, its steps before lost; so fail here instead
 
     def metrics(self, model, device, rank=0, world=1, final=True):
         """acc: the share of test questions whose greedy completion ends in the right answer (`correct`)."""

@@ -512,8 +512,6 @@ class Run:
             refuse_changed(self.out_dir, self.seen, "while this run was starting")
             if self.resume is None:
                 clear_run(self.out_dir)
-            else:  # a finished run resumed to more steps is a run not finished, until it is
-                (self.out_dir / "summary.json").unlink(missing_ok=True)
             config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
             atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
             atomic_write(self.out_dir / "log.jsonl", lambda f: f.write("".join(json.dumps(r) + "\n" for r in
@@ -586,6 +584,9 @@ class Run:
                 with self.writing("ckpt.pt"):
                     save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
                                     self.router_mask, self.pruned_at)
+                # a finished run resumed to more steps is one no longer, from its first checkpoint past the end
+                # (not before: a session that fails before it leaves the finished run, its summary too, as it was)
+                (self.out_dir / "summary.json").unlink(missing_ok=True)
                 self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):
@@ -770,12 +771,12 @@ def not_weights(path, name, t):
 
 def check_tensors(ckpt, model, path):
     """What load_state_dict would take without a word, checked against the model it loads into: a weight (one of
-    the model's parameters) that is not floating point (an int64 one, cast silently) or not finite (train.py saves
-    none: it stops at a loss that is not finite, keeping the checkpoint before it). By the model, not by the file
-    alone: a method's buffers may be of any dtype (a step count) and hold an inf (a mask)."""
-    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}  # (the tied head's name too)
+    the model's parameters) of another dtype than the model's (an int64 or a float64 one, cast silently) or not
+    finite (train.py saves none: it stops at a loss that is not finite, keeping the checkpoint before it). By the
+    model, not by the file alone: a method's buffers may be of any dtype (a step count) and hold an inf (a mask)."""
+    weights = {name: p.dtype for name, p in model.named_parameters(remove_duplicate=False)}  # (the tied head's too)
     for name, t in ckpt["model"].items():
-        if name in weights and not t.is_floating_point():
+        if name in weights and t.dtype != weights[name]:  # (train.py saves the weights it trains: float32)
             raise not_weights(path, name, t)
         if name in weights and not t.isfinite().all():
             raise DataError(f"{path} is damaged: its {name} is not finite")
@@ -799,6 +800,9 @@ def pruning_mask(ckpt, model, path):
     prunable router weights, as train.py saves it; a DataError naming the file otherwise."""
     mask = ckpt.get("router_mask")
     if mask is None:
+        if ckpt.get("pruned_at") is not None:  # (resumed without it, the run would train on unpruned)
+            raise DataError(f"{path}: its 'pruned_at' says the routers were pruned at step {ckpt['pruned_at']}, but "
+                            "it holds no pruning mask ('router_mask')")
         return None
     try:
         want = {name: router.weights().shape for name, router in prunable_routers(model).items()}
@@ -807,6 +811,12 @@ def pruning_mask(ckpt, model, path):
     if not (isinstance(mask, dict) and set(mask) == set(want) and all(
             torch.is_tensor(keep) and keep.dtype == torch.bool and keep.shape == want[k] for k, keep in mask.items())):
         raise DataError(f"{path}: its pruning mask ('router_mask') does not fit the model's router weights")
+    for name, keep in mask.items():  # as top_p_mask and mask_routers leave them
+        if not keep.flatten(1).any(1).all():
+            raise DataError(f"{path}: its pruning mask ('router_mask') keeps no weight of a target head of {name}, "
+                            "where pruning keeps each one's largest")
+        if ckpt["model"][name][~keep].any():
+            raise DataError(f"{path}: its {name} is not zero where its pruning mask ('router_mask') prunes it")
     return mask or None  # (an empty one, of a model with nothing to prune, prunes nothing)
 
 
@@ -911,6 +921,9 @@ def check_config(config, path, cls):
     if "n_layer" not in config:  # nor its model's shape: GPTConfig's defaults would be another model
         raise DataError(f"{path}: its saved config names no model (no 'n_layer')")
     values = {**dataclasses.asdict(cls()), **{k: v for k, v in config.items() if k in names}}
+    # every arithmetic run saves its regime: without it any folder of arithmetic data would do, another regime's too
+    if values.get("data") == "arithmetic" and values.get("task") is None:
+        raise DataError(f"{path}: its saved config names no task (the arithmetic regime it was trained on)")
     where = ""
     try:
         for f in dataclasses.fields(cls):  # first the types, which the rules take for granted
@@ -969,7 +982,22 @@ def read_record(path):
         seed_group(record)
     except (DataError, ValueError, TypeError, KeyError) as e:
         raise DataError(f"{path} is not what this repo writes: its 'task' ({e})") from None
+    gap = tier_gap(record, record.get("task"))
+    if gap:
+        raise DataError(f"{path} is not what this repo writes: no {gap!r}, where its task's other tiers have one")
     return record
+
+
+def tier_gap(metrics, task):
+    """The accuracy of one tier that a run's metrics (its summary, an evaluation's log row) lack where they hold
+    those of its task's other tiers on that split: 'acc_6' beside acc_4 and acc_5; None if none. Tables and curves
+    compare the tiers that all their runs hold, so a tier missing from one run would leave every run's out."""
+    tiers = arithmetic.Task.from_meta(task).tiers if task else ()
+    for split in ("acc", "val_acc"):
+        missing = [f"{split}_{n}" for n in tiers if f"{split}_{n}" not in metrics]
+        if missing and len(missing) < len(tiers):  # (none: a validation split that data made before it lacks)
+            return missing[0]
+    return None
 
 
 def metric_fault(key, value, diverged=False):

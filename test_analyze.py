@@ -379,7 +379,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             config = dict(router=router, task=task, seed=seed, preset="arith", max_steps=300)
             (d / "config.json").write_text(json.dumps(config))
             rows = [dict(step=100 * i + 50, loss=2.0) for i in range(3)]  # training rows: not evaluations
-            rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_6=acc)
+            rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_5=1.0, val_acc_6=acc)
                      for i, acc in enumerate(accs)]
             rows[-1]["val_loss"] = math.nan if (router, seed) == ("none", 1) else rows[-1]["val_loss"]
             rows += [dict(step=100, val_loss=5.0)] * ((router, seed) == ("lime", 0))  # a step logged twice, damaged
@@ -408,16 +408,26 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 1' + "0" * 400 + '}\n')
     assert "step 100: val_loss is not a number from 0 up (1000" in error_of(analyze.main, ["curves", str(huge)], capsys,
                                                                            code=1)
-    for row, fault in [('"val_loss": 0.5, "val_acc_6": 1.5', "val_acc_6 is not a share from 0 to 1 (1.5)"),  # as in a
-                       # summary.json; a loss of NaN or inf is what a diverged run logs last, but not one below 0
+    tiers = '"val_acc_4": 0.5, "val_acc_5": 0.5, '  # (each row holds every tier or none)
+    for row, fault in [(tiers + '"val_loss": 0.5, "val_acc_6": 1.5', "val_acc_6 is not a share from 0 to 1 (1.5)"),
+                       # as in a summary.json; a loss of NaN or inf is what a diverged run logs last, not one below 0
                        ('"val_loss": -Infinity', "val_loss is not a number from 0 up (-inf)")]:
-        (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 0.5, "val_acc_6": 0.5}\n{"step": 200, %s}\n' % row)
+        (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 0.5, %s"val_acc_6": 0.5}\n{"step": 200, %s}\n'
+                                        % (tiers, row))
         assert f"step 200: {fault}" in error_of(analyze.main, ["curves", str(huge)], capsys, code=1)
     (huge / "summary.json").write_text(json.dumps(dict(router="lime", val_loss=0.0, val_ppl=1.0)))  # a loss of 0
     assert analyze.main(["table", str(huge)]).endswith("| lime | 1.0000 | - |")  # (float32 rounds a sure one to it)
     (huge / "summary.json").write_text(json.dumps(dict(router="lime", acc_4=10**400, val_loss=0.5)))
     assert "summary.json is not what this repo writes: its 'acc_4' is 1000" in error_of(
         analyze.main, ["table", str(huge)], capsys, code=1)
+    gap = tmp_path / "gap"  # one tier's accuracy missing: a table and curves, which show the tiers every run has,
+    shutil.copytree(dirs[0], gap)  # would leave that tier out for all the runs, and take another for the last one
+    (gap / "summary.json").write_text(json.dumps(dict(router="lime", task=task, seed=0, acc_4=0.5, acc_6=0.5)))
+    assert error_of(analyze.main, ["table", str(gap)], capsys, code=1) == f"analyze.py: error: {gap / 'summary.json'}" \
+        " is not what this repo writes: no 'acc_5', where its task's other tiers have one"
+    (gap / "log.jsonl").write_text(json.dumps(dict(step=100, val_loss=0.5, val_acc_4=0.5, val_acc_5=0.5)) + "\n")
+    assert error_of(analyze.main, ["curves", str(gap)], capsys, code=1) == f"analyze.py: error: {gap / 'log.jsonl'}, " \
+        "step 100: no 'val_acc_6', where its task's other tiers have one"
     shutil.copytree(dirs[1], tmp_path / "copy")  # a copy of a run is not one more seed
     assert error_of(analyze.main, ["curves", *dirs, str(tmp_path / "copy")], capsys).endswith(
         "two of these runs are seed 1 of router lime, mod11-answer, tiers 4,5,6 operators: a mean over seeds takes "
@@ -429,8 +439,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
     assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().err
     assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
-    assert "no evaluation with val_acc_5 in all of its 2 run(s)" in error_of(
-        analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_5"], capsys, code=1)
+    assert "no evaluation with val_acc_7 in all of its 2 run(s)" in error_of(
+        analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_7"], capsys, code=1)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(json.dumps(dict(router="lime")))
     assert "not a run folder, or a run not started yet" in error_of(analyze.main, ["curves", str(tmp_path / "empty")],
@@ -658,8 +668,9 @@ def test_prune_save_refuses_a_folder_another_process_wrote_while_it_pruned(answe
 
 def test_prune_save_onto_a_full_disk_leaves_no_model_without_its_checkpoint(answer_run, tmp_path, capsys,
                                                                            monkeypatch):
-    """--save whose checkpoint cannot be written (a full disk): one line, and its config.json and prune.json go too,
-    not a folder that no reader takes and that the same command then refuses (it holds a run)."""
+    """--save whose checkpoint cannot be written (a full disk), or stopped as it writes (Ctrl-C): one line, and its
+    config.json and prune.json go too, not a folder that no reader takes and that the same command then refuses (it
+    holds a run)."""
     new = tmp_path / "pruned"
 
     def full(out_dir, *args, **kwargs):
@@ -669,6 +680,18 @@ def test_prune_save_onto_a_full_disk_leaves_no_model_without_its_checkpoint(answ
     args = ["prune", "--out-dir", str(answer_run), "--top-p", "0.7", "--save", str(new)]
     assert error_of(analyze.main, args, capsys, code=1) == f"analyze.py: error: cannot write {new}/ckpt.pt: No " \
         "space left on device"
+    assert list(new.iterdir()) == []
+    monkeypatch.undo()
+    real = analyze.atomic_write
+
+    def interrupted(path, write):  # Ctrl-C as the last file is written
+        if path.name == "prune.json":
+            raise KeyboardInterrupt
+        real(path, write)
+
+    monkeypatch.setattr(analyze, "atomic_write", interrupted)
+    with pytest.raises(SystemExit):
+        analyze.main(args)
     assert list(new.iterdir()) == []
     monkeypatch.undo()
     analyze.main(args)  # once there is room

@@ -709,6 +709,8 @@ def test_every_config_train_saves_is_read_back():
     for preset in train.PRESETS:  # (the arith preset's epochs=200: an int is a number too)
         saved = dataclasses.asdict(train.TrainConfig(**{**train.PRESETS[preset], "preset": preset}))
         saved["data_dir"] = runs.data_folder(train.PRESETS, preset, saved["data"])  # absolute, as train.py saves it
+        if saved["data"] == "arithmetic":  # (and its data's regime: the preset's, as it makes it)
+            saved["task"] = arithmetic.regime_of(train.GENERATES[preset], 0, 100, 10)
         for cls in (train.TrainConfig, runs.EvalConfig):
             assert runs.check_config(saved, "ckpt.pt", cls) == {f.name: saved[f.name] for f in dataclasses.fields(cls)}
 
@@ -960,6 +962,12 @@ def edit_weight(change):
     return lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["model"].update({name: change(ckpt["model"][name])}))
 
 
+def edit_mask(keep):
+    """The run's checkpoint given a pruning mask of keep(router weight) for each router (its weights as they are)."""
+    return lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt.update(router_mask={
+        k: keep(w) for k, w in ckpt["model"].items() if k.endswith("router.weight")}))
+
+
 def edit_moments(change):
     """AdamW's state of the first weight in the run's checkpoint, changed in place."""
     return lambda d, r, t: edit_checkpoint(r, lambda ckpt: change(next(iter(ckpt["optimizer"]["state"].values()))))
@@ -1156,6 +1164,16 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape[0], dtype=torch.bool) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (of another shape)
+    ("sample", then(another_regime, lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].pop("task")),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
+     "ckpt.pt: its saved config names no task (the arithmetic regime it was trained on)"),  # (else: scored on it)
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=c["step"])), resume),
+     1, "ckpt.pt: its 'pruned_at' says the routers were pruned at step 6, but it holds no pruning mask"),  # (else: on
+    ("train", then(on_the_copy, edit_mask(lambda w: w == 2), resume), 1,  # unpruned; and below, a mask pruning does not
+     "ckpt.pt: its pruning mask ('router_mask') keeps no weight of a target head of transformer.h."),  # make)
+    ("sample", then(edit_mask(lambda w: w != w.flatten()[w.flatten().nonzero()[0]]),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     ("ckpt.pt: its transformer.h.", "router.weight is not zero where its pruning mask ('router_mask') prunes it")),
     # --dry-run loads the weights it names on the meta device: what the run itself would refuse, it refuses
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
@@ -1302,6 +1320,8 @@ DAMAGED = [
      "c_fc.weight is not a tensor of weights (float32, strided, meta)"),
     ("sample", then(edit_weight(lambda w: w.long()), lambda d, r, t: ["--out-dir", str(r)]), 1,
      "c_fc.weight is not a tensor of weights (int64, strided, cpu)"),  # (load_state_dict would cast it, silently)
+    ("analyze", then(edit_weight(lambda w: w.double()), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
+     "c_fc.weight is not a tensor of weights (float64, strided, cpu)"),  # (so would it a float of another width)
     # checked against the model it loads into (runs.check_tensors: a method's buffers may hold any dtype, or an inf)
     ("train", then(on_the_copy, edit_weight(lambda w: w.long()), lambda d, r, t: tiny_args(d, t / "new",
                                                                                           f"--init-from={r}")), 1,

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tiktoken
 import torch
 
 import analyze
@@ -226,3 +227,21 @@ def test_prosqa_fine_tuning_from_a_checkpoint(serve, arith_run, tmp_path, offlin
     sample.main(["--out-dir", str(out), "--num-samples", "1"])  # a test question, answered, with a verdict
     shown = capsys.readouterr().out.splitlines()
     assert shown[0] in {r["question"] for r in prosqa_records(4, 2)} and "--- [" in shown[-1]
+
+
+def test_prosqa_training_without_gpt2s_vocabulary_fails_before_it_begins(serve, arith_run, tmp_path, offline_gpt2,
+                                                                          monkeypatch, capsys):
+    """Its accuracy decodes with GPT-2's vocabulary, a download on first use: where there is none, the run is one line
+    before it writes anything, not a failure at its first evaluation with every step before it lost."""
+    folder, out = tmp_path / "prosqa", tmp_path / "ft"
+    prepare_data.prepare_prosqa(folder, serve(prosqa_files()).url)
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    err = error_of(train.main, ["--preset=prosqa", f"--data-dir={folder}", f"--out-dir={out}",
+                                f"--init-from={arith_run}", "--block-size=128", "--batch-size=8",
+                                "--micro-batch-size=8", "--max-steps=4", "--eval-interval=2"], capsys, 1)
+    assert err == "train.py: error: tiktoken could not load the GPT-2 vocabulary (downloaded on first use): no network"
+    assert not out.exists()

@@ -1052,10 +1052,11 @@ def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_pa
 
 
 def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whole(answer_dir, whole_run, tmp_path,
-                                                                                   capsys):
+                                                                                   monkeypatch, capsys):
     """--resume without --preset or --data-dir continues on the run's own data, and with --data-dir on the same
     data moved elsewhere. Ending a run early with a lower --max-steps at a step that had an intermediate
-    evaluation evaluates it again, as a final one. Resumed to more steps, a finished run is one no longer."""
+    evaluation evaluates it again, as a final one. Resumed to more steps, a finished run is one no longer, from
+    its first new checkpoint: a session stopped before one leaves the finished run as it was."""
     parts, short, moved = tmp_path / "parts", tmp_path / "short", tmp_path / "moved"
     train.main(tiny_args(answer_dir, parts, "--stop-at=6"))
     shutil.copytree(answer_dir, moved)
@@ -1076,6 +1077,15 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
     summary = json.loads((short / "summary.json").read_text())
     assert "acc_3" in summary and summary["tokens_seen"] == 6 * 8 * 64  # every step, those of the first session too
+    before = [(short / name).read_bytes() for name in ("summary.json", "ckpt.pt")]
+
+    def interrupted(self, *args, **kwargs):  # Ctrl-C at the first batch of the session that goes on to step 8
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch, pytest.raises(SystemExit) as e:
+        patch.setattr(arithmetic.Data, "batch", interrupted)
+        train.main(["--out-dir", str(short), "--resume", "--max-steps=8"])
+    assert e.value.code == 130 and [(short / name).read_bytes() for name in ("summary.json", "ckpt.pt")] == before
     (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
