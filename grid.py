@@ -213,7 +213,7 @@ def check_kept(out, router, seed, task, config, args, command):
         ("an unfinished run", "a run goes on from its checkpoint")
     kept = read_json(out / "config.json", keys=("epochs",))
     epochs = kept["epochs"]
-    if not of_kind(epochs, float):
+    if not (of_kind(epochs, float) and 0 < epochs < math.inf):  # (NaN: not a budget of another size, but none)
         raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
     if epochs != args.epochs:
         raise UsageError(f"{out} is {what} of --epochs {epochs:g}, not {args.epochs:g}: {kept_as}, so give another "
