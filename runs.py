@@ -443,6 +443,7 @@ class Run:
         self.pruned_at = self.saved_pruned_at = resume.get("pruned_at") if resume else None
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
+        self.ending = None  # a finished run resumed: the config.json written with its first new checkpoint (begin)
         self.begun = False  # begin() called: from then on each process's errors are its own (runs.main)
         # what the checks saw (resolve's `seen`, taken before they read the folder); begin() holds it, then compares
         self.seen = seen if seen is not None else folder_state(self.out_dir)
@@ -513,7 +514,12 @@ class Run:
             if self.resume is None:
                 clear_run(self.out_dir)
             config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
-            atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
+            if self.resume is not None and (self.out_dir / "summary.json").exists():
+                # NOTE a finished run resumed to more steps stays that run (its summary.json, its config.json) until
+                # its first new checkpoint (save): a session that fails before then leaves it as it was
+                self.ending = config
+            else:
+                atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
             atomic_write(self.out_dir / "log.jsonl", lambda f: f.write("".join(json.dumps(r) + "\n" for r in
                                                                                   self.rows).encode()))
             if self.notice:
@@ -584,9 +590,11 @@ class Run:
                 with self.writing("ckpt.pt"):
                     save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
                                     self.router_mask, self.pruned_at)
-                # a finished run resumed to more steps is one no longer, from its first checkpoint past the end
-                # (not before: a session that fails before it leaves the finished run, its summary too, as it was)
-                (self.out_dir / "summary.json").unlink(missing_ok=True)
+                if self.ending is not None:  # the finished run resumed (begin): from this checkpoint on, the longer one
+                    with self.writing("config.json"):
+                        atomic_write(self.out_dir / "config.json", lambda f: f.write(self.ending))
+                    (self.out_dir / "summary.json").unlink()
+                    self.ending = None
                 self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):
@@ -921,9 +929,6 @@ def check_config(config, path, cls):
     if "n_layer" not in config:  # nor its model's shape: GPTConfig's defaults would be another model
         raise DataError(f"{path}: its saved config names no model (no 'n_layer')")
     values = {**dataclasses.asdict(cls()), **{k: v for k, v in config.items() if k in names}}
-    # every arithmetic run saves its regime: without it any folder of arithmetic data would do, another regime's too
-    if values.get("data") == "arithmetic" and values.get("task") is None:
-        raise DataError(f"{path}: its saved config names no task (the arithmetic regime it was trained on)")
     where = ""
     try:
         for f in dataclasses.fields(cls):  # first the types, which the rules take for granted

@@ -682,17 +682,20 @@ def test_prune_save_onto_a_full_disk_leaves_no_model_without_its_checkpoint(answ
         "space left on device"
     assert list(new.iterdir()) == []
     monkeypatch.undo()
-    real = analyze.atomic_write
+    real, written = analyze.atomic_write, []
 
     def interrupted(path, write):  # Ctrl-C as the last file is written
+        written.extend([path.name] if path.parent == new else [])  # (not the picture, beside the run pruned)
         if path.name == "prune.json":
             raise KeyboardInterrupt
         real(path, write)
 
-    monkeypatch.setattr(analyze, "atomic_write", interrupted)
+    for module in (analyze, runs):
+        monkeypatch.setattr(module, "atomic_write", interrupted)
     with pytest.raises(SystemExit):
         analyze.main(args)
     assert list(new.iterdir()) == []
+    assert written == ["ckpt.pt", "config.json", "prune.json"]  # killed (kill -9) before the end, it leaves a model
     monkeypatch.undo()
     analyze.main(args)  # once there is room
     assert sorted(p.name for p in new.iterdir()) == ["ckpt.pt", "config.json", "prune.json"]

@@ -709,8 +709,6 @@ def test_every_config_train_saves_is_read_back():
     for preset in train.PRESETS:  # (the arith preset's epochs=200: an int is a number too)
         saved = dataclasses.asdict(train.TrainConfig(**{**train.PRESETS[preset], "preset": preset}))
         saved["data_dir"] = runs.data_folder(train.PRESETS, preset, saved["data"])  # absolute, as train.py saves it
-        if saved["data"] == "arithmetic":  # (and its data's regime: the preset's, as it makes it)
-            saved["task"] = arithmetic.regime_of(train.GENERATES[preset], 0, 100, 10)
         for cls in (train.TrainConfig, runs.EvalConfig):
             assert runs.check_config(saved, "ckpt.pt", cls) == {f.name: saved[f.name] for f in dataclasses.fields(cls)}
 
@@ -1164,9 +1162,6 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape[0], dtype=torch.bool) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (of another shape)
-    ("sample", then(another_regime, lambda d, r, t: edit_checkpoint(r, lambda c: c["config"].pop("task")),
-                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
-     "ckpt.pt: its saved config names no task (the arithmetic regime it was trained on)"),  # (else: scored on it)
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=c["step"])), resume),
      1, "ckpt.pt: its 'pruned_at' says the routers were pruned at step 6, but it holds no pruning mask"),  # (else: on
     ("train", then(on_the_copy, edit_mask(lambda w: w == 2), resume), 1,  # unpruned; and below, a mask pruning does not

@@ -1077,7 +1077,7 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     assert [r["step"] for r in evals] == [6] and "acc_3" in evals[0]  # one evaluation, with the test split
     summary = json.loads((short / "summary.json").read_text())
     assert "acc_3" in summary and summary["tokens_seen"] == 6 * 8 * 64  # every step, those of the first session too
-    before = [(short / name).read_bytes() for name in ("summary.json", "ckpt.pt")]
+    before = snapshot(short)
 
     def interrupted(self, *args, **kwargs):  # Ctrl-C at the first batch of the session that goes on to step 8
         raise KeyboardInterrupt
@@ -1085,7 +1085,10 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     with monkeypatch.context() as patch, pytest.raises(SystemExit) as e:
         patch.setattr(arithmetic.Data, "batch", interrupted)
         train.main(["--out-dir", str(short), "--resume", "--max-steps=8"])
-    assert e.value.code == 130 and [(short / name).read_bytes() for name in ("summary.json", "ckpt.pt")] == before
+    assert e.value.code == 130 and snapshot(short).keys() == before.keys()  # the run as it was: its log aside,
+    assert all(snapshot(short)[p] == before[p] for p in before if p.name != "log.jsonl")  # whose session rows differ
+    assert [r for r in read_log(short) if "session" not in r] == \
+        [json.loads(line) for line in before[short / "log.jsonl"].splitlines() if b'"session"' not in line]
     (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
