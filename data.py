@@ -74,11 +74,30 @@ def read_shard(path):
 
 
 def load_tokens(data_dir, split):
-    """All shards of one split ('train' or 'val') of a token dataset, as uint16 arrays."""
+    """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order."""
     paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
     if not paths:
         raise DataError(f"no {split} shards in {data_dir}")
-    return [read_shard(p) for p in paths]
+    return {p.name: read_shard(p) for p in paths}
+
+
+class OtherShards(DataError):
+    """check_shards' error: its folder holds data, other than the run read (so no hint to prepare it: runs.main)."""
+
+
+def check_shards(cfg, shards):
+    """A DataError unless the shards found, {split: {file name: tokens}}, are the ones the run of `cfg` read, as it
+    recorded them (cfg.shards; a new run has none, nor one from before they were recorded): a shard added since (more
+    of FineWeb prepared), gone or changed would make a resumed run's batches, or an evaluation's tokens, not its own."""
+    for split, now in shards.items():
+        saved = (getattr(cfg, "shards", None) or {}).get(split)
+        if saved is None or saved == now:
+            continue
+        name = next(n for n in sorted(now.keys() | saved.keys()) if now.get(n) != saved.get(n))
+        change = "is new" if name not in saved else "is gone" if name not in now else \
+            f"holds {now[name]:,} tokens, not {saved[name]:,}"
+        raise OtherShards(f"{cfg.data_dir} holds other {split} shards than the run read ({name} {change}): put the "
+                        "run's shards back, or start a new run")
 
 
 def gpt2_encoding():
@@ -106,7 +125,13 @@ class TokenData:
     label = regime = None  # one data set, no variants
 
     def __init__(self, cfg, with_train=True):
-        val = load_tokens(cfg.data_dir, "val")[0]
+        found = {"val": load_tokens(cfg.data_dir, "val")}
+        if with_train:
+            found["train"] = load_tokens(cfg.data_dir, "train")
+        # what the run reads, {split: {shard: tokens}}: train.py records it in the run's config, and this checks it
+        self.shards = {split: {name: len(tokens) for name, tokens in shards.items()} for split, shards in found.items()}
+        check_shards(cfg, self.shards)
+        val = next(iter(found["val"].values()))  # (the first validation shard: every evaluation reads its start)
         T = cfg.block_size
         n = min(cfg.eval_tokens, len(val) - 1) // T
         if n < 1:
@@ -118,7 +143,7 @@ class TokenData:
         # the model; reading every train shard for it would take minutes at FineWeb's size): batch() checks the rest
         self.vocab_size = int(max(self.val_x.max(), self.val_y.max())) + 1
         if with_train:
-            self.train = load_tokens(cfg.data_dir, "train")
+            self.train = list(found["train"].values())
             self.sizes = np.array([len(s) - T for s in self.train])  # where a window of T + 1 tokens may start
             if self.sizes.min() < 1:
                 raise DataError(f"a train shard in {cfg.data_dir} is shorter than one block of {T} and its next token")
@@ -152,6 +177,7 @@ class TaskRows:
     `pad` (the end token), `train_size`, and `longest` (tokens, the end token included) and
     `vocab_size` for the caller to check against the model; and says what it scores (metrics)."""
     label = regime = None  # a task with variants: what to print about the one loaded, and its fields (a dict)
+    shards = None  # samples, not token shards (TokenData)
     table = None  # every training row, padded, built at the first batch (see batch)
 
     def collate(self, rows):

@@ -32,7 +32,7 @@ import prosqa
 from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
                  default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
                  pick_device, read_json, refuse_held, same_folder)
-from data import TaskRows, TokenData
+from data import OtherShards, TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
 
@@ -60,6 +60,7 @@ class EvalConfig(GPTConfig):
                                "a smaller split is scored whole",
                                rule=POSITIVE, data=TaskRows)
     task: dict = None  # not a flag: the task's regime as its data names it (arithmetic), recorded by train.py
+    shards: dict = None  # not a flag: the token shards a language run reads (data.TokenData), recorded by train.py
 
 
 def main(script, argv, cls, presets, train, description=None):
@@ -69,7 +70,8 @@ def main(script, argv, cls, presets, train, description=None):
 
     def data_hint(e):  # for the data a run reads, how to make it, unless the message says so already
         # (it names the data folder or a file in it: not a run's folder beside it, data/arithmetic-quick-runs)
-        if cfg is None or not re.search(re.escape(str(cfg.data_dir)) + r"(?![\w.-])", str(e)):
+        named = cfg is not None and re.search(re.escape(str(cfg.data_dir)) + r"(?![\w.-])", str(e))
+        if not named or isinstance(e, OtherShards):  # (shards other than the run read: preparing more made them)
             return ""
         how = ""
         if "prepare_data.py" not in str(e):
@@ -941,6 +943,11 @@ def check_config(config, path, cls):
             arithmetic.Task.from_meta(values["task"])
             if "tiers" not in values["task"]:  # (every run's names them; {} would read as the default regime)
                 raise ValueError("it names no tiers")
+        where = "shards: "  # (data.check_shards compares them)
+        if values.get("shards") is not None and not all(split in ("train", "val") and isinstance(found, dict) and all(
+                isinstance(name, str) and of_kind(n, int) for name, n in found.items())
+                for split, found in values["shards"].items()):
+            raise ValueError("not {'train' or 'val': {shard name: tokens}}")
     except (DataError, ValueError, TypeError, KeyError) as e:
         problem = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m[1].replace("-", "_"), str(e))  # cls, Task: flags
         raise DataError(f"{path}: in its saved config, {where}{problem}") from None

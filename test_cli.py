@@ -1162,6 +1162,8 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape[0], dtype=torch.bool) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (of another shape)
+    ("sample", then(hand_edit(shards={"val": 5}), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     "ckpt.pt: in its saved config, shards: not {'train' or 'val': {shard name: tokens}}"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=c["step"])), resume),
      1, "ckpt.pt: its 'pruned_at' says the routers were pruned at step 6, but it holds no pruning mask"),  # (else: on
     ("train", then(on_the_copy, edit_mask(lambda w: w == 2), resume), 1,  # unpruned; and below, a mask pruning does not

@@ -41,7 +41,8 @@ def test_fineweb_download_then_nothing_to_do(serve, tmp_path):
     prepare_data.prepare_fineweb(tmp_path, 2, server.url)
     for name, data in files.items():
         assert (tmp_path / name).read_bytes() == data
-    assert len(load_tokens(tmp_path, "train")) == 2 and len(load_tokens(tmp_path, "val")[0]) == 5000
+    assert len(load_tokens(tmp_path, "train")) == 2 and len(load_tokens(tmp_path, "val")["finewebedu_val_000000.bin"]) \
+        == 5000
     n = len(server.requests)
     prepare_data.prepare_fineweb(tmp_path, 2, server.url)
     assert len(server.requests) == n  # complete files are not fetched again
@@ -289,7 +290,7 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
     server = serve({"input.txt": text.encode()})
     enc = small_encoding()
     prepare_data.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
-    train, val = load_tokens(tmp_path, "train")[0], load_tokens(tmp_path, "val")[0]
+    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert train[0] == val[0] == enc.eot_token
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
@@ -300,7 +301,7 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
     newer = "Second Citizen:\nWe are accounted poor citizens.\n" * 20
     url = f"{serve({'input.txt': newer.encode()}).url}/input.txt"
     prepare_data.main(["shakespeare", "--data-dir", str(tmp_path), "--url", url, "--overwrite"])
-    train, val = load_tokens(tmp_path, "train")[0], load_tokens(tmp_path, "val")[0]
+    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newer == (tmp_path / "input.txt").read_text()
     for shard in tmp_path.glob("*.bin"):
         shard.unlink()

@@ -176,7 +176,8 @@ def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, 
 
 def test_data_past_a_saved_models_vocabulary_is_one_line(language_run, tmp_path, capsys):
     """--data-dir anew, with token ids the model's embedding cannot look up: the data is at fault (exit 1)."""
-    write_shard(tmp_path / "x_val_000000.bin", [5, 400] * 300)
+    n = runs.read_checkpoint(language_run)["config"]["shards"]["val"]["text_val_000000.bin"]
+    write_shard(tmp_path / "text_val_000000.bin", [400] + [5] * (n - 1))  # (the run's shard by name and length)
     argv = ["--out-dir", str(language_run), "--eval", f"--data-dir={tmp_path}"]
     assert error_of(sample.main, argv, capsys, code=1) == \
         f"sample.py: error: {tmp_path} holds token ids up to 400, past the model's vocab_size=320"

@@ -22,9 +22,10 @@ import arithmetic
 import cli
 import methods
 import runs
+import sample
 import train
-from conftest import (assert_same_run, edit_checkpoint, error_of, read_log, small_model, snapshot, tiny_args,
-                      train_losses)
+from conftest import (assert_same_run, edit_checkpoint, error_of, read_log, small_encoding, small_model, snapshot,
+                      tiny_args, train_losses)
 from data import write_shard
 from cli import option
 from lime import GPT, GPTConfig
@@ -1118,6 +1119,36 @@ def test_language_data_cannot_move_under_a_resumed_run(language_run, tmp_path, c
     err = error_of(train.main, ["--out-dir", str(language_run), "--resume", "--max-steps=8", f"--data-dir={tmp_path}",
                                 "--dry-run"], capsys)
     assert f"--resume: {language_run / 'ckpt.pt'} was trained with data_dir=" in err and f"(not '{tmp_path}')" in err
+
+
+def test_a_language_run_reads_only_the_shards_it_began_with(tmp_path, capsys):
+    """Token shards say nothing of what they hold, so a run records which it reads, {split: {shard: tokens}}: one added
+    since (more of FineWeb prepared), gone or changed is refused as the run resumes or is evaluated, not read."""
+    folder, run = tmp_path / "data", tmp_path / "run"
+    enc = small_encoding()
+    text = enc.encode_ordinary("To be, or not to be, that is the question. " * 40)
+    write_shard(folder / "text_train_000000.bin", text)
+    write_shard(folder / "text_val_000000.bin", text[:300])
+    train.main(["--preset=tiny", "--data=shakespeare", f"--data-dir={folder}", f"--out-dir={run}", "--vocab-size=320",
+                "--block-size=32", "--n-layer=1", "--n-embd=16", "--n-head=2", "--n-kv-head=2", "--batch-size=4",
+                "--micro-batch-size=4", "--max-steps=2", "--stop-at=1", "--eval-tokens=256"])
+    shards = {"val": {"text_val_000000.bin": 300}, "train": {"text_train_000000.bin": len(text)}}
+    assert json.loads((run / "config.json").read_text())["shards"] == runs.read_checkpoint(run)["config"]["shards"] \
+        == shards
+    for name, tokens, split, change in [("text_train_000001.bin", text, "train", "text_train_000001.bin is new"),
+                                        ("text_val_000000.bin", text[:200], "val", "text_val_000000.bin holds 200 "
+                                         "tokens, not 300")]:
+        kept = (folder / name).read_bytes() if (folder / name).exists() else None
+        write_shard(folder / name, tokens)
+        line = f"{folder} holds other {split} shards than the run read ({change}): put the run's shards back, or " \
+            "start a new run"
+        assert error_of(train.main, ["--out-dir", str(run), "--resume"], capsys, code=1) == f"train.py: error: {line}"
+        if split == "val":  # (an evaluation reads the validation shards alone)
+            assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1) == \
+                f"sample.py: error: {line}"
+        (folder / name).write_bytes(kept) if kept else (folder / name).unlink()
+    train.main(["--out-dir", str(run), "--resume"])  # its own shards again
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
 
 def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_path, capsys, monkeypatch):

@@ -195,8 +195,9 @@ def train(cfg, run):
     if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
         # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
         runs.steps_of_epochs(cfg, data.train_size / cfg.batch_size)
-    # a task's regime (arithmetic) goes into config.json and every checkpoint: sample, analyze and --resume read it
-    cfg.task = data.regime
+    # a task's regime (arithmetic), or the token shards read, go into config.json and every checkpoint: sample,
+    # analyze and --resume read them
+    cfg.task, cfg.shards = data.regime, data.shards
 
     # model and optimiser
     torch.manual_seed(cfg.seed)
