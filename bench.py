@@ -469,7 +469,8 @@ def parse_args(argv):
     if args.json:  # checked before the benchmark runs, not after
         folder = Path(args.json).resolve().parent
         problem = f"no directory {folder}" if not folder.exists() else folder_problem(folder) or \
-            (Path(args.json).exists() and not Path(args.json).is_file() and f"{args.json} is not a file")
+            (Path(args.json).exists() and not Path(args.json).is_file() and f"{args.json} is not a file") or \
+            (args.json.endswith(("/", os.sep)) and "a folder's name, not a file's")  # (Path drops the slash)
         if problem:
             raise UsageError(f"--json={args.json}: {problem}")
         if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):

@@ -41,10 +41,13 @@ def interrupted_while_starting(signum, frame):
 
 
 # NOTE a script imports this module before torch, which takes seconds to load: a Ctrl-C meanwhile is one
-# line too, not a traceback. one_line_errors puts Python's own handler back once the script runs
+# line too, not a traceback, and so is a SIGTERM, not a silent exit. one_line_errors puts Python's own handler back
+# once the script runs
 if MAIN and Path(MAIN).resolve().parent == Path(__file__).resolve().parent and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, interrupted_while_starting)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupted_while_starting)
 
 import torch  # noqa: E402
 
@@ -143,7 +146,7 @@ def one_line_errors(script, data_hint=lambda e: "", interrupted="", elsewhere=la
     if own:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, KeyboardInterrupt
     term = signal.getsignal(signal.SIGTERM)
-    if term is signal.SIG_DFL:
+    if term in (signal.SIG_DFL, interrupted_while_starting):
         signal.signal(signal.SIGTERM, raise_interrupted)  # the same for SIGTERM, which would kill it in silence
     for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes (\udcff) or a '±' that the output's encoding
         if hasattr(stream, "reconfigure"):  # lacks print escaped, not as a UnicodeEncodeError once the work is done

@@ -369,12 +369,15 @@ HERE = Path(__file__).parent  # where the scripts are
 @early
 def ctrl_c_while_torch_loads():
     """test_ctrl_c_while_torch_loads_is_one_line's `python train.py --help`, sent a Ctrl-C 0.3 s in, by a timer (torch
-    takes seconds to load). At the tests' own priority: the Ctrl-C must not come before Python is up."""
-    proc = subprocess.Popen([sys.executable, "train.py", "--help"], cwd=HERE, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    threading.Timer(0.3, proc.send_signal, (signal.SIGINT,)).start()
-    yield proc
-    ended(proc)
+    takes seconds to load), and another sent SIGTERM. At the tests' own priority: the signal must not come before
+    Python is up."""
+    procs = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        procs[signum] = subprocess.Popen([sys.executable, "train.py", "--help"], cwd=HERE, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        threading.Timer(0.3, procs[signum].send_signal, (signum,)).start()
+    yield procs
+    ended(*procs.values())
 
 
 @early

@@ -426,6 +426,7 @@ def test_bench_defaults_follow_the_device(monkeypatch):
                                                         "--compile"),
     (["--kernels", "--compile", "auto"], "--kernels times the op alone, no model: not with --compile"),  # the default
     (["--json", "TMP/missing/b.json"], "no directory TMP/missing"),  # (TMP: the test's tmp_path, whatever happens)
+    (["--json", "TMP/new/"], "--json=TMP/new/: a folder's name, not a file's"),  # (not a file named new)
     (["--json", ""], "argument --json: an empty path (a $VARIABLE that is not set?)"),
 ] + ([(["--device", "cuda"], "--device=cuda: ")] if not torch.cuda.is_available() else []))
 def test_bench_bad_input_is_one_line(flags, message, capsys, tmp_path):
