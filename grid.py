@@ -146,9 +146,8 @@ def main(argv=None):
             "saved starts over)"
         ours = {"--max-steps": "the grid sets every run's length, with --epochs",
                 "--stop-at": whole, "--dry-run": whole, "--resume": each, "--overwrite": each}
-        for name in [token.split("=")[0] for token in extra if token.startswith("--")]:  # as train.py reads them,
-            for flag in [f for f in ours if len(name) >= 4 and f.startswith(name)]:  # abbreviated too (--dry)
-                raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
+        for flag in named(extra, ours):
+            raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
         for flag in ("out_dir", "data_root"):
             problem = folder_problem(getattr(args, flag))
             if problem:
@@ -196,6 +195,12 @@ def main(argv=None):
                 raise
 
 
+def named(argv, flags):
+    """The flags among `flags` that argv gives, as train.py's parser reads them: abbreviated too (--dry)."""
+    names = [token.split("=")[0] for token in argv if token.startswith("--")]
+    return [f for f in flags if any(len(name) >= 4 and f.startswith(name) for name in names)]
+
+
 def check_kept(out, router, seed, task, config, args, command):
     """A run the grid keeps (finished) or goes on with (its checkpoint: --resume) has to be readable, this run, of
     this budget, data and flags (`config`: what train.py makes of them; `command`: the run's): else a line now, not a
@@ -227,8 +232,12 @@ def check_kept(out, router, seed, task, config, args, command):
     if trained_on and trained_on != want:
         raise UsageError(f"{out} is {what} on {arithmetic.describe(trained_on)}, not the grid's "
                          f"{arithmetic.describe(want)}: {kept_as}, so give another --out-dir for other data")
-    # and of these flags (what the grid fits to each regime's data aside)
-    other = differences(kept, config, {"max_steps", "warmup_steps", "block_size", "vocab_size", "task"})
+    # and of these flags: aside what the grid fits to each regime's data (unless the flags after -- give it, for every
+    # run), and the steps of an epoch (known once the data is), but the warm-up epochs (which tables.setting leaves out)
+    fitted = {"max_steps", "task", "block_size", "vocab_size"} - {f[2:].replace("-", "_") for f in
+                                                                  named(command, ["--block-size", "--vocab-size"])}
+    other = differences(kept, config, fitted | ({"warmup_steps"} if config["warmup_epochs"] else set()))
+    other += ["warmup_epochs"] * (kept.get("warmup_epochs", 0.0) != config["warmup_epochs"])
     for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
         if None not in (kept[k], config[k]) and not of_kind(kept[k], type(config[k])):
             raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")

@@ -63,6 +63,13 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert snapshot(regime) == before
     assert f"{regime / 'lime-seed1'} is a finished run of lr 0.001, not 0.01: a finished run is kept, so give " \
         "another --out-dir for other flags" in error_of(grid.main, [*args, "--lr=0.01"], capsys)  # before the others
+    block = json.loads((regime / "lime-seed1" / "config.json").read_text())["block_size"]
+    # what the grid fits to each regime's data, or derives from it, is compared too where the flags give it
+    differ = {"--warmup-steps=2": "warmup_steps 0, not 2", "--warmup-epochs=0.2": "warmup_epochs 0.0, not 0.2",
+              "--block=128": f"block_size {block}, not 128"}  # (abbreviated, as train.py takes it)
+    for flag, says in differ.items():
+        assert f"{regime / 'lime-seed1'} is a finished run of {says}: a finished run is kept" in \
+            error_of(grid.main, [*args, flag], capsys)
     assert snapshot(regime) == before
     other = [a if a != "40" else "48" for a in args]  # other data, in a folder of the same name: the runs kept as if
     other[other.index("--data-root") + 1] = str(tmp_path / "data48")  # of it, without a word
