@@ -94,9 +94,9 @@ def snapshot(*roots):
 
 class FileServer:
     """Serves bytes from 127.0.0.1 with HTTP Range (or, with ranges=False, ignoring it, as some servers do); can cut
-    a file's first response halfway."""
+    a file's first response halfway. `headers`: sent with each file, as well as its Content-Length (None: not sent)."""
 
-    def __init__(self, files, cut_once=(), ranges=True):
+    def __init__(self, files, cut_once=(), ranges=True, headers=None):
         self.files, self.cut_once, self.requests = dict(files), set(cut_once), []
         server = self
 
@@ -113,7 +113,9 @@ class FileServer:
                 data = server.files[name]
                 start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1]) if ranges else 0
                 self.send_response(206 if start else 200)
-                self.send_header("Content-Length", str(len(data) - start))
+                for key, value in {"Content-Length": str(len(data) - start), **(headers or {})}.items():
+                    if value is not None:  # (no Content-Length: the body ends where the connection does)
+                        self.send_header(key, value)
                 self.end_headers()
                 if name in server.cut_once:  # announce everything, send half, hang up
                     server.cut_once.discard(name)
@@ -137,8 +139,8 @@ class FileServer:
 def serve():
     servers = []
 
-    def start(files, cut_once=(), ranges=True):
-        servers.append(FileServer(files, cut_once, ranges))
+    def start(files, cut_once=(), ranges=True, headers=None):
+        servers.append(FileServer(files, cut_once, ranges, headers))
         return servers[-1]
 
     yield start

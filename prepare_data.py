@@ -8,13 +8,14 @@ Downloads, tokenises and generates the data of the LIMe experiments.
 
 What each becomes is in data.py (token shards), arithmetic.py and prosqa.py, which training
 reads. Nothing half-written ever takes a final name: downloads stream to `<file>.part`
-(resumed with HTTP Range) and every write goes to a temporary file that is renamed only
+(resumed with HTTP Range, from its own URL only) and every write goes to a temporary file that is renamed only
 when whole and verified. What is there already is kept: a file downloaded or made before,
 the same arithmetic data; other arithmetic data is refused. --overwrite replaces them.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import DataError, Parser, UsageError, a_path, atomic_write, folder_problem, one_line_errors
+from cli import (DataError, Parser, UsageError, a_path, atomic_write, check_a_file, folder_problem, hold_folder,
+                 one_line_errors)
 
 import os
 import sys
@@ -30,6 +31,7 @@ from data import check_shard, gpt2_encoding, write_shard
 
 FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_BYTES = 1_115_394  # its size: a server that sends no Content-Length tells no cut
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
 
@@ -39,15 +41,18 @@ CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
 
 
 def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
-    """Stream url to dest via dest.part: resumes with HTTP Range, retries transient errors,
-    runs verify(part) before the final rename. Returns False if dest was already there (with
-    `overwrite`, fetches it again, and the old file stays until the new one is whole)."""
+    """Stream url to dest via dest.part: resumes with HTTP Range (a .part of this url alone, which dest.part.url
+    names), retries transient errors, runs verify(part) before the final rename. Returns False if dest was already
+    there (with `overwrite`, fetches it again, and the old file stays until the new one is whole)."""
     dest = Path(dest)
-    part = dest.with_name(dest.name + ".part")
+    part, source = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.url")
     if dest.exists() and not overwrite:
         return False
-    if dest.exists():
-        part.unlink(missing_ok=True)  # a partial download may be of the old file
+    for path in (part, source):
+        check_a_file(path, ": move it away")  # (a folder, say: neither resumed nor replaced)
+    if part.exists() and (was := source.read_text(errors="replace") if source.exists() else "an unknown URL") != url:
+        print(f"{part.name}: of {was}, not {url}: downloading it from its first byte", file=sys.stderr)
+        part.unlink()  # its rest would be of another file
     made = not dest.parent.exists()  # (made here, it goes again with a download that fails its check)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
@@ -60,12 +65,17 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                     raise requests.ConnectionError(f"HTTP {r.status_code}")
                 if r.status_code >= 400:
                     raise DataError(f"{url}: HTTP {r.status_code}")
+                if r.headers.get("Content-Type", "").startswith("text/html"):  # no file of ours is a web page
+                    raise DataError(f"{url}: the server sent a web page (Content-Type: {r.headers['Content-Type']}), "
+                                    "not the file: a login or proxy page?")
                 if r.status_code != 206:  # the server ignored Range: start again
                     have = 0
                 total = have + int(r.headers.get("Content-Length", 0))
                 progress = Progress(dest.name, have, total)
                 dest.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed first request leaves no folder
                 with open(part, "ab" if have else "wb", buffering=0) as f:  # (unbuffered: nothing to fail at close)
+                    if not have:  # (after the truncation: never an old .part under the new URL)
+                        atomic_write(source, lambda s: s.write(url.encode()))
                     for block in r.iter_content(CHUNK_BYTES):
                         append(f, block, part)
                         progress.update(len(block))
@@ -85,10 +95,12 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             verify(part)
         except DataError:
             part.unlink()  # a corrupt file is never left behind to be resumed or renamed
+            source.unlink(missing_ok=True)
             if made and not any(dest.parent.iterdir()):
                 dest.parent.rmdir()
             raise
     os.replace(part, dest)
+    source.unlink(missing_ok=True)
     return True
 
 
@@ -161,7 +173,15 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
         for path in shards.values():
             print(f"{path}: {kept_shard(path):,} tokens (already there)")
         return
-    download(url, text_path, verify=lambda part: split_text(part, val_fraction), overwrite=overwrite)
+
+    def check(part):
+        size = part.stat().st_size
+        if url == SHAKESPEARE_URL and size != SHAKESPEARE_BYTES:
+            raise DataError(f"{text_path}: {size:,} bytes, not the {SHAKESPEARE_BYTES:,} of Tiny Shakespeare (a "
+                            "download cut short?): run the same command again")
+        split_text(part, val_fraction)
+
+    download(url, text_path, verify=check, overwrite=overwrite)
     parts = split_text(text_path, val_fraction)  # (one downloaded, or one of your own put there)
     enc = enc or gpt2_encoding()
     for split, part in zip(shards, parts):
@@ -293,12 +313,21 @@ def main(argv=None):
                                        args.target).check_fits()
             except DataError as e:
                 raise UsageError(str(e)) from None
-        if args.name == "fineweb-edu":
-            prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL, overwrite=args.overwrite)
-        elif args.name == "prosqa":
-            prepare_prosqa(data_dir, args.base_url or prosqa.URL, overwrite=args.overwrite)
-        elif args.name == "shakespeare":
-            prepare_shakespeare(data_dir, args.url, overwrite=args.overwrite)
+        if args.name != "arithmetic":  # (arithmetic.prepare holds it itself)
+            made = not os.path.exists(data_dir)
+            held = hold_folder(data_dir, "a prepare_data.py preparing it? wait for it to end, or give another "
+                                         "--data-dir")  # (two at once: each renamed or resumed the other's .part)
+            try:
+                if args.name == "fineweb-edu":
+                    prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL, overwrite=args.overwrite)
+                elif args.name == "prosqa":
+                    prepare_prosqa(data_dir, args.base_url or prosqa.URL, overwrite=args.overwrite)
+                else:
+                    prepare_shakespeare(data_dir, args.url, overwrite=args.overwrite)
+            finally:
+                if made and not os.listdir(data_dir):  # (made here for nothing: it goes again)
+                    os.rmdir(data_dir)
+                os.close(held)
         else:
             arithmetic.prepare(data_dir, task, args.seed, args.train_size, args.test_size, args.overwrite)
             if args.show > 0:

@@ -16,7 +16,7 @@ import torch
 from urllib3.exceptions import ProtocolError
 
 import prepare_data
-from cli import DataError
+from cli import DataError, hold_folder
 from conftest import error_of, small_encoding, small_model
 from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, greedy_accuracy, load_tokens,
                   write_shard)
@@ -74,6 +74,39 @@ def test_fineweb_resumes_after_cut_connection(serve, tmp_path, monkeypatch):
     (tmp_path / "finewebedu_train_000001.bin.part").write_bytes(data[:2048])
     prepare_data.prepare_fineweb(tmp_path, 1, serve(files).url, overwrite=True)
     assert (tmp_path / "finewebedu_train_000001.bin").read_bytes() == files["finewebedu_train_000001.bin"]
+
+
+def test_a_part_of_another_url_is_started_over(serve, tmp_path, capsys, monkeypatch, offline_gpt2):
+    """A download cut short, then one of another --url into the same folder: the .part of the first is not resumed
+    with the rest of the second (a text of two, said to be fine), but started over, with a line that says so."""
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 100)  # (a cut keeps the blocks before it)
+    a, b = b"Ay, my lord.\n" * 400, b"No, madam.\n" * 400
+    server, folder = serve({"a.txt": a, "b.txt": b}, cut_once={"a.txt"}), tmp_path / "s"
+    with pytest.raises(DataError):  # (no retries left: what a Ctrl-C leaves too)
+        prepare_data.download(f"{server.url}/a.txt", folder / "input.txt", retries=0)
+    assert (folder / "input.txt.part").read_bytes() == a[:len(a) // 2]
+    capsys.readouterr()
+    prepare_data.main(["shakespeare", "--data-dir", str(folder), "--url", f"{server.url}/b.txt"])
+    assert (folder / "input.txt").read_bytes() == b and server.requests == [("a.txt", None), ("b.txt", None)]
+    assert capsys.readouterr().err == f"input.txt.part: of {server.url}/a.txt, not {server.url}/b.txt: downloading " \
+        "it from its first byte\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "shakespeare_train_000000.bin",
+                                                        "shakespeare_val_000000.bin"]  # (nothing of the .part left)
+
+
+def test_an_overwrite_cut_short_resumes_its_part(serve, tmp_path, monkeypatch):
+    """--overwrite stopped mid-download leaves a .part of the new file: the same command resumes it (HTTP Range), as
+    the line of a Ctrl-C says, where it used to delete it and start over."""
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 100)  # (a cut keeps the blocks before it)
+    old, new = b"old" * 500, bytes(range(100)) * 20
+    (tmp_path / "x.bin").write_bytes(old)
+    server = serve({"x.bin": new}, cut_once={"x.bin"})
+    with pytest.raises(DataError):  # (no retries left: what a Ctrl-C leaves too)
+        prepare_data.download(f"{server.url}/x.bin", tmp_path / "x.bin", retries=0, overwrite=True)
+    assert (tmp_path / "x.bin").read_bytes() == old  # (kept until the new one is whole)
+    assert prepare_data.download(f"{server.url}/x.bin", tmp_path / "x.bin", retries=0, overwrite=True) is True
+    assert (tmp_path / "x.bin").read_bytes() == new
+    assert server.requests == [("x.bin", None), ("x.bin", f"bytes={len(new) // 2}-")]
 
 
 def test_a_download_onto_a_full_disk_is_one_line_and_resumes(serve, tmp_path, monkeypatch, capsys):
@@ -326,6 +359,49 @@ def test_shakespeare_of_no_text_is_refused_and_not_kept(serve, tmp_path, capsys,
     err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder)], capsys, code=1)
     assert err == f"prepare_data.py: error: {folder / message}: put a text there, or --overwrite to download it again"
     assert [p.name for p in folder.iterdir()] == ["input.txt"]
+
+
+def test_a_web_page_is_not_taken_for_the_text(serve, tmp_path, capsys, offline_gpt2):
+    """A server that answers with a web page (a login page, a proxy's) in place of the text: refused, and nothing of it
+    kept (it was tokenised as the text)."""
+    page = b"<!DOCTYPE html><html><body>Please sign in to continue.</body></html>\n" * 20
+    server, folder = serve({"input.txt": page}, headers={"Content-Type": "text/html; charset=utf-8"}), tmp_path / "s"
+    url = f"{server.url}/input.txt"
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--url", url], capsys, code=1)
+    assert err == f"prepare_data.py: error: {url}: the server sent a web page (Content-Type: text/html; " \
+        "charset=utf-8), not the file: a login or proxy page?"
+    assert not folder.exists()
+
+
+def test_tiny_shakespeare_cut_short_is_not_kept(serve, tmp_path, capsys, monkeypatch, offline_gpt2):
+    """Without a Content-Length, a connection that ends halfway ends the text there: Tiny Shakespeare's own size tells
+    the cut (half of it was tokenised). (The local server stands in for its URL, and a short text for it.)"""
+    text = b"First Citizen:\nSpeak, speak.\n" * 70
+    folder = tmp_path / "s"
+    server = serve({"input.txt": text}, cut_once={"input.txt"}, headers={"Content-Length": None})
+    monkeypatch.setattr(prepare_data, "SHAKESPEARE_URL", f"{server.url}/input.txt")
+    monkeypatch.setattr(prepare_data, "SHAKESPEARE_BYTES", len(text), raising=False)
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder)], capsys, code=1)
+    assert err == f"prepare_data.py: error: {folder / 'input.txt'}: {len(text) // 2:,} bytes, not the {len(text):,} " \
+        "of Tiny Shakespeare (a download cut short?): run the same command again"
+    assert not folder.exists()
+    prepare_data.main(["shakespeare", "--data-dir", str(folder)])  # whole, this time
+    assert (folder / "input.txt").read_bytes() == text
+
+
+def test_a_folder_another_preparation_holds_is_refused(serve, tmp_path, capsys, offline_gpt2):
+    """Two preparations of one folder at once: the second found the .part gone that the first had renamed (a
+    traceback). It is refused in one line now, before it downloads anything."""
+    server, folder = serve({"input.txt": b"To be, or not to be.\n" * 20}), tmp_path / "s"
+    args = ["shakespeare", "--data-dir", str(folder), "--url", f"{server.url}/input.txt"]
+    held = hold_folder(folder, "a test")  # (another process, preparing it)
+    try:
+        err = error_of(prepare_data.main, args, capsys)
+    finally:
+        os.close(held)
+    assert err == f"prepare_data.py: error: {folder} is in use by another process (a prepare_data.py preparing it? " \
+        "wait for it to end, or give another --data-dir)"
+    assert list(folder.iterdir()) == [] and server.requests == []
 
 
 def test_greedy_accuracy_batches_prompts_of_all_lengths_as_if_each_ran_alone():
