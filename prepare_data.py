@@ -8,8 +8,8 @@ Downloads, tokenises and generates the data of the LIMe experiments.
 
 What each becomes is in data.py (token shards), arithmetic.py and prosqa.py, which training
 reads. Nothing half-written ever takes a final name: downloads stream to `<file>.part`
-(resumed with HTTP Range, from its own URL only) and every write goes to a temporary file that is renamed only
-when whole and verified. What is there already is kept: a file downloaded or made before,
+(resumed with HTTP Range, from its own URL only) and every write goes to a temporary file
+that is renamed only when whole and verified. What is there already is kept: a file downloaded or made before,
 the same arithmetic data; other arithmetic data is refused. --overwrite replaces them.
 """
 
