@@ -226,15 +226,19 @@ def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):
         path = dest.with_suffix(".npz")
         if path.exists() and not fetched and not overwrite:
             # kept, as made before: checked, not said to be there whole when it is cut short or of other records
-            kept = len(prosqa.load(data_dir, split)[0])
-            if kept != len(records):
-                raise DataError(f"{path} holds {kept} questions, {dest.name} {len(records)}: remove the .npz and run "
-                                f"`{prosqa.command(data_dir)}`")
-            print(f"{dest}: {len(records):,} records; {path.name} (already there)")
-            continue
+            try:
+                kept = len(prosqa.load(data_dir, split, unrecorded_ok=False)[0])
+            except prosqa.Stale:  # made from a JSON file edited or copied in since, or not known which: made anew
+                print(f"{path}: not made from this {dest.name}, or not known to be: made anew")
+            else:
+                if kept != len(records):
+                    raise DataError(f"{path} holds {kept} questions, {dest.name} {len(records)}: remove the .npz and "
+                                    f"run `{prosqa.command(data_dir)}`")
+                print(f"{dest}: {len(records):,} records; {path.name} (already there)")
+                continue
         tokens, offsets, prompt_lens = prosqa.tokenize(records, enc)
         atomic_write(path, lambda f: np.savez(f, tokens=tokens, offsets=offsets, prompt_lens=prompt_lens,
-                                              eot=np.array(enc.eot_token)))
+                                              eot=np.array(enc.eot_token), json_sha256=np.array(prosqa.digest(dest))))
         print(f"{dest}: {len(records):,} records{'' if fetched else ' (already there)'}; {path.name}: "
               f"{len(tokens):,} tokens, longest record {np.diff(offsets).max()}")
 

@@ -10,6 +10,7 @@ A data folder holds each split's JSON file from the Coconut repository and its G
 test questions by greedy generation, judged by `correct`.
 """
 
+import hashlib
 import json
 import shlex
 from pathlib import Path
@@ -83,10 +84,24 @@ def command(data_dir):
     return f"python prepare_data.py prosqa{where}"
 
 
-def load(data_dir, split):
+def digest(path):
+    """The SHA-256 of a file's bytes, in hex (what an .npz records of the JSON file it was made from); None where
+    there is no regular file to read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
+    except OSError:
+        return None
+
+
+class Stale(DataError):
+    """Tokens made from another version of the JSON file beside them."""
+
+
+def load(data_dir, split, unrecorded_ok=True):
     """One split as a list of (token ids, prompt length), and the end-of-text id. The ids are views
     into one int64 array: 18k Python lists of a few hundred ints each would take several times the memory.
-    A DataError unless the file is as prepare_data.py writes it (see `tokenize`)."""
+    A DataError unless the file is as prepare_data.py writes it (see `tokenize`); a Stale one where it was made from
+    another version of the JSON file beside it, or (unless `unrecorded_ok`) does not record which."""
     path = Path(data_dir) / f"prosqa_{split}.npz"
     if not path.exists():
         raise DataError(f"no ProsQA data in {data_dir}: run `{command(data_dir)}`")
@@ -102,6 +117,7 @@ def load(data_dir, split):
     try:
         with np.load(path) as f:
             tokens, offsets, prompt_lens, eot = (f[k] for k in ("tokens", "offsets", "prompt_lens", "eot"))
+            made_from = str(f["json_sha256"]) if "json_sha256" in f.files else None
     except Exception as e:  # a truncated or foreign file
         raise DataError(f"cannot read {path}: {e}{again}") from None
     for key, a in (("tokens", tokens), ("offsets", offsets), ("prompt_lens", prompt_lens), ("eot", eot)):
@@ -128,6 +144,13 @@ def load(data_dir, split):
     if len(wrong):
         raise DataError(f"{path}: record {wrong[0]} does not start and end with the end of text ({eot}), with none "
                         f"between{again}")
+    # one from before .npz files recorded their JSON's digest: loaded, on Data's count check alone (blind to other
+    # records of the same number); prepare_data.py makes it anew (unrecorded_ok=False)
+    if made_from is None and not unrecorded_ok:
+        raise Stale(f"{path} does not record the JSON file it was made from{again}")
+    json_path = path.with_suffix(".json")
+    if made_from is not None and digest(json_path) not in (None, made_from):  # (none: no JSON there to compare)
+        raise Stale(f"{path} was made from another version of {json_path.name}{again}")
     tokens = tokens.astype(np.int64)
     rows = [(tokens[a:b], int(n)) for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lens)]
     return rows, int(eot)

@@ -113,13 +113,21 @@ def test_damaged_prosqa_tokens_are_reported(serve, tmp_path, offline_gpt2, damag
     assert snapshot(tmp_path) == before
 
 
+def one_fewer(path):
+    """Cuts the last record from the .npz at `path`, which still records the JSON it was made from: as by hand."""
+    with np.load(path) as f:
+        good = dict(f)
+    cut = good["offsets"][-2]
+    np.savez(path, **{**good, "tokens": good["tokens"][:cut], "offsets": good["offsets"][:-1],
+                      "prompt_lens": good["prompt_lens"][:-1]})
+
+
 @pytest.mark.parametrize("damage, message", [  # damage(the .npz of the valid split), as a disk, a copy or a hand may
     (lambda p: p.write_bytes(b""), "{path} is empty"),
     (lambda p: p.write_bytes(p.read_bytes()[:100]), "cannot read {path}: File is not a zip file"),  # cut short
     (lambda p: p.write_bytes(bytes(range(256)) * 4), "{path} is not an .npz file (no zip header)"),  # (not np.load's
     (lambda p: (p.unlink(), p.mkdir()), "{path} is not a file"),  # advice to load it as a pickle, unsafely)
-    (lambda p: p.with_suffix(".json").write_text(json.dumps(prosqa_records(3, 1))),  # tokens of other records
-     "{path} holds 4 questions, prosqa_valid.json 3"),
+    (one_fewer, "{path} holds 3 questions, prosqa_valid.json 4"),  # (made anew where the JSON changed)
 ])
 def test_a_damaged_prosqa_npz_is_one_line_not_kept_as_there(serve, tmp_path, offline_gpt2, capsys, damage, message):
     """prepare_data.py keeps the tokens it made before: it reads them first, as training will, and does not say
@@ -134,6 +142,48 @@ def test_a_damaged_prosqa_npz_is_one_line_not_kept_as_there(serve, tmp_path, off
         ("; remove it and run" if "holds" not in message else ": remove the .npz and run") + \
         f" `python prepare_data.py prosqa --data-dir {tmp_path}`"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("n", [4, 3])  # other questions, as many as before or not
+def test_prosqa_tokens_of_another_json_are_refused_and_made_anew(serve, tmp_path, offline_gpt2, capsys, n):
+    """An .npz records the JSON file it was made from: where that file changed since (an edit, a copy), training
+    refuses it, not pairing the old questions with the new answers, and prepare_data.py makes it anew, not kept for
+    its count."""
+    server = serve(prosqa_files())
+    prepare_data.prepare_prosqa(tmp_path, server.url)
+    other, path = prosqa_records(n, 99), tmp_path / "prosqa_test.npz"
+    (tmp_path / "prosqa_test.json").write_text(json.dumps(other))
+    before = snapshot(tmp_path)
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=4)
+    for read in (lambda: prosqa.load(tmp_path, "test"), lambda: prosqa.Data(cfg, with_train=False)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value) == (f"{path} was made from another version of prosqa_test.json; remove it and run "
+                                f"`python prepare_data.py prosqa --data-dir {tmp_path}`")
+    assert snapshot(tmp_path) == before
+    capsys.readouterr()
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url])
+    assert f"{path}: not made from this prosqa_test.json, or not known to be: made anew" in capsys.readouterr().out
+    tests = prosqa.Data(cfg, with_train=False).tests
+    assert [(offline_gpt2.decode(ids), answer) for ids, answer, _ in tests] == \
+        [(f"<|endoftext|>{r['question']}\n", r["answer"]) for r in other]
+
+
+def test_prosqa_tokens_that_record_no_json_load_and_are_made_anew(serve, tmp_path, offline_gpt2, capsys):
+    """An .npz from before they recorded their JSON file: training reads it (on the count check), prepare_data.py,
+    which cannot tell whether it is of this JSON, makes it anew."""
+    server = serve(prosqa_files())
+    prepare_data.prepare_prosqa(tmp_path, server.url)
+    path = tmp_path / "prosqa_valid.npz"
+    rows = prosqa.load(tmp_path, "valid")[0]
+    with np.load(path) as f:
+        np.savez(path, **{k: f[k] for k in f.files if k != "json_sha256"})
+    assert [ids.tolist() for ids, _ in prosqa.load(tmp_path, "valid")[0]] == [ids.tolist() for ids, _ in rows]
+    capsys.readouterr()
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url])
+    assert f"{path}: not made from this prosqa_valid.json, or not known to be: made anew" in capsys.readouterr().out
+    with np.load(path) as f:
+        assert str(f["json_sha256"]) == prosqa.digest(tmp_path / "prosqa_valid.json")
 
 
 def test_test_tokens_and_answers_are_one_record_each(serve, tmp_path, offline_gpt2):
