@@ -97,7 +97,7 @@ def check_shards(cfg, shards):
         change = "is new" if name not in saved else "is gone" if name not in now else \
             f"holds {now[name]:,} tokens, not {saved[name]:,}"
         raise OtherShards(f"{cfg.data_dir} holds other {split} shards than the run read ({name} {change}): put the "
-                        "run's shards back, or start a new run")
+                        "run's shards back, or train a new run on these")
 
 
 def gpt2_encoding():

@@ -445,7 +445,7 @@ class Run:
         self.pruned_at = self.saved_pruned_at = resume.get("pruned_at") if resume else None
         self.rows, self.notice = [], None  # a resumed run: the log's rows up to its checkpoint, kept
         self.held = None  # the folder's descriptor, held from begin() to close()
-        self.ending = None  # a finished run resumed: the config.json written with its first new checkpoint (begin)
+        self.ending = None  # a finished run resumed: the config.json that unfinish() writes (begin)
         self.begun = False  # begin() called: from then on each process's errors are its own (runs.main)
         # what the checks saw (resolve's `seen`, taken before they read the folder); begin() holds it, then compares
         self.seen = seen if seen is not None else folder_state(self.out_dir)
@@ -518,7 +518,8 @@ class Run:
             config = json.dumps(dataclasses.asdict(self.cfg), indent=2).encode()
             if self.resume is not None and (self.out_dir / "summary.json").exists():
                 # NOTE a finished run resumed to more steps stays that run (its summary.json, its config.json) until
-                # its first new checkpoint (save): a session that fails before then leaves it as it was
+                # its session logs a step past it or saves a checkpoint (unfinish): one that fails before then (its
+                # first batch's data, memory) leaves it as it was
                 self.ending = config
             else:
                 atomic_write(self.out_dir / "config.json", lambda f: f.write(config))
@@ -536,8 +537,19 @@ class Run:
     def log(self, **record):
         """A row of <out-dir>/log.jsonl: one JSON object per logged step and per evaluation."""
         if self.master:
+            if "session" not in record:  # (a session's row says where it runs: nothing done yet)
+                self.unfinish()
             with self.writing("log.jsonl"), open(self.out_dir / "log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")  # (a row cut short by a full disk: --resume drops it)
+
+    def unfinish(self):
+        """A finished run resumed to more steps (begin) is one no longer: its config.json anew, its summary gone."""
+        if self.ending is not None:
+            with self.writing("config.json"):
+                atomic_write(self.out_dir / "config.json", lambda f: f.write(self.ending))
+            with self.writing("summary.json"):
+                (self.out_dir / "summary.json").unlink(missing_ok=True)
+            self.ending = None
 
     @contextmanager
     def writing(self, name):
@@ -592,11 +604,7 @@ class Run:
                 with self.writing("ckpt.pt"):
                     save_checkpoint(self.out_dir, self.model, self.optimizer, step, dataclasses.asdict(self.cfg),
                                     self.router_mask, self.pruned_at)
-                if self.ending is not None:  # the finished run resumed (begin): from this checkpoint on, the longer one
-                    with self.writing("config.json"):
-                        atomic_write(self.out_dir / "config.json", lambda f: f.write(self.ending))
-                    (self.out_dir / "summary.json").unlink()
-                    self.ending = None
+                self.unfinish()  # (where no row of a step came before it)
                 self.saved_step, self.saved_pruned_at = step, self.pruned_at
 
     def interrupted(self, e, step):

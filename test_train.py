@@ -1090,6 +1090,19 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     assert all(snapshot(short)[p] == before[p] for p in before if p.name != "log.jsonl")  # whose session rows differ
     assert [r for r in read_log(short) if "session" not in r] == \
         [json.loads(line) for line in before[short / "log.jsonl"].splitlines() if b'"session"' not in line]
+    real, calls = arithmetic.Data.batch, []
+
+    def fails_later(self, *args, **kwargs):  # step 7 taken (2 micro-batches) and logged, then an error
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("out of memory")
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(RuntimeError):
+        patch.setattr(arithmetic.Data, "batch", fails_later)
+        train.main(["--out-dir", str(short), "--resume", "--max-steps=8"])
+    assert [r["step"] for r in read_log(short) if "loss" in r][-1] == 7  # logged: a run of 8 steps no longer finished
+    assert not (short / "summary.json").exists() and json.loads((short / "config.json").read_text())["max_steps"] == 8
     (short / "config.json").write_text("null")  # damaged: --resume writes it anew
     train.main(["--out-dir", str(short), "--resume", "--max-steps=8", "--stop-at=7"])  # finished, and now not
     assert not (short / "summary.json").exists() and runs.read_checkpoint(short)["step"] == 7
@@ -1141,7 +1154,7 @@ def test_a_language_run_reads_only_the_shards_it_began_with(tmp_path, capsys):
         kept = (folder / name).read_bytes() if (folder / name).exists() else None
         write_shard(folder / name, tokens)
         line = f"{folder} holds other {split} shards than the run read ({change}): put the run's shards back, or " \
-            "start a new run"
+            "train a new run on these"
         assert error_of(train.main, ["--out-dir", str(run), "--resume"], capsys, code=1) == f"train.py: error: {line}"
         if split == "val":  # (an evaluation reads the validation shards alone)
             assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1) == \
