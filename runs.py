@@ -615,7 +615,11 @@ class Run:
             self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint at step {step}", flush=True)
         finally:  # saved even where that line cannot be written: `| tee`, which the same Ctrl-C ended (then exit 141)
             self.save(step)
-        self.say(f"interrupted: checkpoint at step {step} in {self.out_dir}; continue with --resume")
+        if self.ending is not None:  # (unfinish: not yet) --resume alone would take the finished run's max_steps
+            self.say(f"interrupted: {self.out_dir} still holds the run finished at step {step}; continue with --resume "
+                     f"--max-steps={self.cfg.max_steps}")
+        else:
+            self.say(f"interrupted: checkpoint at step {step} in {self.out_dir}; continue with --resume")
         raise SystemExit(128 + signum)
 
     def output_closed(self, step):

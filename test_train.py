@@ -1086,6 +1086,7 @@ def test_resume_needs_nothing_but_the_folder_and_keeps_the_final_evaluation_whol
     with monkeypatch.context() as patch, pytest.raises(SystemExit) as e:
         patch.setattr(arithmetic.Data, "batch", interrupted)
         train.main(["--out-dir", str(short), "--resume", "--max-steps=8"])
+    assert "still holds the run finished at step 6; continue with --resume --max-steps=8" in capsys.readouterr().out
     assert e.value.code == 130 and snapshot(short).keys() == before.keys()  # the run as it was: its log aside,
     assert all(snapshot(short)[p] == before[p] for p in before if p.name != "log.jsonl")  # whose session rows differ
     assert [r for r in read_log(short) if "session" not in r] == \
