@@ -66,8 +66,8 @@ def by_setting(records, items=None):
             if differ:
                 k = differ[0]
                 raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
-                                 f"{other[k]!r} in {other.get('out_dir')}, {config[k]!r} in {config.get('out_dir')}): "
-                                 "a mean over seeds is of one setting")
+                                 f"{shown(other[k])} in {other.get('out_dir')}, {shown(config[k])} in "
+                                 f"{config.get('out_dir')}): a mean over seeds is of one setting")
         if "seed" in record and (key, record["seed"]) in seen:
             raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
                              "seed once")
@@ -75,6 +75,12 @@ def by_setting(records, items=None):
         configs[key].append(config)
         groups.setdefault(key, []).append(item)
     return groups
+
+
+def shown(value, most=80):
+    """A config's value in a line: its repr, cut short past `most` characters (a run's shards: a dict of 99 files)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def mean_sd(values):

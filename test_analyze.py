@@ -294,6 +294,14 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
     assert error_of(analyze.main, ["table", dirs[0], str(scratch)], capsys).endswith(
         "differ in init_from, not only in their seed (init_from 'init_from of run 0' in out_dir of run 0, '' in "
         "out_dir of run 0): a mean over seeds is of one setting")
+    for i, n in enumerate((9, 10)):  # seeds that read other shards: the line says where, not all 99 of them
+        summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
+        summary["config"]["shards"] = {"train": {f"fineweb_train_{j:06d}.bin": 10**8 for j in range(1, n)}}
+        (tmp_path / f"run{i}" / "summary.json").write_text(json.dumps(summary))
+    err = error_of(analyze.main, ["table", *dirs[:2]], capsys)
+    assert re.search(r"differ in shards, not only in their seed \(shards \{'train': \{'fineweb_train_000001.bin': "
+                     r"100000000, [^()]{10,40}\.\.\. in out_dir of run 0, \{'train': [^()]{10,80}\.\.\. in out_dir "
+                     r"of run 1\): a mean over seeds is of one setting$", err) and len(err) < 400
     (tmp_path / "old").mkdir()  # a summary from before summaries kept their config: it differs in nothing known
     (tmp_path / "old" / "summary.json").write_text(json.dumps(dict(router="lime", preset="tiny", seed=9, steps=10,
                                                                    val_ppl=2.0)))
