@@ -324,8 +324,7 @@ def eval_rows(run_dir):
     rows = [r for r in rows if "val_loss" in r]
     for r in rows:
         if gap := runs.tier_gap(r, config.get("task")):
-            raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: no {gap!r}, where its task's other tiers "
-                            "have one")
+            raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {gap}")
         for key, value in r.items():
             fault = runs.metric_fault(key, value, diverged=r is rows[-1]) or \
                 (key.startswith("val_") and not runs.of_kind(value, float) and "not a number")  # (a fork's metric)

@@ -1008,19 +1008,20 @@ def read_record(path):
         raise DataError(f"{path} is not what this repo writes: its 'task' ({e})") from None
     gap = tier_gap(record, record.get("task"))
     if gap:
-        raise DataError(f"{path} is not what this repo writes: no {gap!r}, where its task's other tiers have one")
+        raise DataError(f"{path} is not what this repo writes: {gap}")
     return record
 
 
 def tier_gap(metrics, task):
     """The accuracy of one tier that a run's metrics (its summary, an evaluation's log row) lack where they hold
-    those of its task's other tiers on that split: 'acc_6' beside acc_4 and acc_5; None if none. Tables and curves
-    compare the tiers that all their runs hold, so a tier missing from one run would leave every run's out."""
+    those of its task's other tiers on that split, said ("no 'acc_6', where ...": beside acc_4 and acc_5); None if
+    none. Tables and curves compare the tiers that all their runs hold: one missing from one run leaves every run's
+    out."""
     tiers = arithmetic.Task.from_meta(task).tiers if task else ()
     for split in ("acc", "val_acc"):
         missing = [f"{split}_{n}" for n in tiers if f"{split}_{n}" not in metrics]
         if missing and len(missing) < len(tiers):  # (none: a validation split that data made before it lacks)
-            return missing[0]
+            return f"no {missing[0]!r}, where its task's other tiers have one"
     return None
 
 
