@@ -3,6 +3,7 @@ per session), the check that a script failed in one line, and the processes of t
 as the session starts. The tests run on the CPU, with no network. Run them with `python -m pytest -q`."""
 
 import contextlib
+import hashlib
 import http.server
 import io
 import json
@@ -93,11 +94,12 @@ def snapshot(*roots):
 
 
 class FileServer:
-    """Serves bytes from 127.0.0.1 with HTTP Range (or, with ranges=False, ignoring it, as some servers do); can cut
-    a file's first response halfway. `headers`: sent with each file, as well as its Content-Length (None: not sent)."""
+    """Serves bytes from 127.0.0.1 with HTTP Range (or, with ranges=False, ignoring it, as some servers do) and
+    If-Range against each file's ETag (its content's hash: a file changed in `files` gets another); can cut a file's
+    first response halfway. `headers`: sent with each file, as well as its Content-Length and ETag (None: not sent)."""
 
     def __init__(self, files, cut_once=(), ranges=True, headers=None):
-        self.files, self.cut_once, self.requests = dict(files), set(cut_once), []
+        self.files, self.cut_once, self.requests, self.if_ranges = dict(files), set(cut_once), [], []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -107,13 +109,17 @@ class FileServer:
             def do_GET(self):
                 name = self.path.lstrip("/")
                 server.requests.append((name, self.headers.get("Range")))
+                server.if_ranges.append(self.headers.get("If-Range"))
                 if name not in server.files:
                     self.send_error(404)
                     return
                 data = server.files[name]
+                etag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
                 start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1]) if ranges else 0
+                if self.headers.get("If-Range", etag) != etag:  # another version than the client's: all of it
+                    start = 0
                 self.send_response(206 if start else 200)
-                for key, value in {"Content-Length": str(len(data) - start), **(headers or {})}.items():
+                for key, value in {"Content-Length": str(len(data) - start), "ETag": etag, **(headers or {})}.items():
                     if value is not None:  # (no Content-Length: the body ends where the connection does)
                         self.send_header(key, value)
                 self.end_headers()

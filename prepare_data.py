@@ -8,7 +8,7 @@ Downloads, tokenises and generates the data of the LIMe experiments.
 
 What each becomes is in data.py (token shards), arithmetic.py and prosqa.py, which training
 reads. Nothing half-written ever takes a final name: downloads stream to `<file>.part`
-(resumed with HTTP Range, from its own URL only) and every write goes to a temporary file
+(resumed with HTTP Range, from its own URL and version of the file only) and every write goes to a temporary file
 that is renamed only when whole and verified. What is there already is kept: a file downloaded or made before,
 the same arithmetic data; other arithmetic data is refused. --overwrite replaces them.
 """
@@ -42,23 +42,27 @@ CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
 
 def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
     """Stream url to dest via dest.part: resumes with HTTP Range (a .part of this url alone, which dest.part.url
-    names), retries transient errors, runs verify(part) before the final rename. Returns False if dest was already
-    there (with `overwrite`, fetches it again, and the old file stays until the new one is whole)."""
+    names, and of the same version of the file, by If-Range), retries transient errors, runs verify(part) before the
+    final rename. Returns False if dest was already there (with `overwrite`, fetches it again, and the old file stays
+    until the new one is whole)."""
     dest = Path(dest)
     part, source = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.url")
     if dest.exists() and not overwrite:
         return False
     for path in (part, source):
         check_a_file(path, ": move it away")  # (a folder, say: neither resumed nor replaced)
-    if part.exists() and (was := source.read_text(errors="replace") if source.exists() else "an unknown URL") != url:
+    # the sidecar: the URL, then the validator (ETag or Last-Modified) of the file the .part is the start of, if any
+    was, _, validator = (source.read_text(errors="replace") if source.exists() else "an unknown URL").partition("\n")
+    if part.exists() and was != url:
         print(f"{part.name}: of {was}, not {url}: downloading it from its first byte", file=sys.stderr)
         part.unlink()  # its rest would be of another file
     made = not dest.parent.exists()  # (made here, it goes again with a download that fails its check)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
         try:
-            with requests.get(url, headers={"Range": f"bytes={have}-"} if have else {}, stream=True,
-                              timeout=timeout) as r:
+            # If-Range: the rest only if the file is still the one the .part began (else the server sends it whole)
+            ask = {"Range": f"bytes={have}-", **({"If-Range": validator} if validator else {})} if have else {}
+            with requests.get(url, headers=ask, stream=True, timeout=timeout) as r:
                 if r.status_code == 416:  # the .part already holds every byte
                     break
                 if r.status_code in TRANSIENT_STATUS:
@@ -68,14 +72,15 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                 if r.headers.get("Content-Type", "").startswith("text/html"):  # no file of ours is a web page
                     raise DataError(f"{url}: the server sent a web page (Content-Type: {r.headers['Content-Type']}), "
                                     "not the file: a login or proxy page?")
-                if r.status_code != 206:  # the server ignored Range: start again
+                if r.status_code != 206:  # the server ignored Range, or the file changed since (If-Range): start again
                     have = 0
+                    validator = checked_validator(r.headers)
                 total = have + int(r.headers.get("Content-Length", 0))
                 progress = Progress(dest.name, have, total)
                 dest.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed first request leaves no folder
                 with open(part, "ab" if have else "wb", buffering=0) as f:  # (unbuffered: nothing to fail at close)
                     if not have:  # (after the truncation: never an old .part under the new URL)
-                        atomic_write(source, lambda s: s.write(url.encode()))
+                        atomic_write(source, lambda s: s.write(f"{url}\n{validator}".encode()))
                     for block in r.iter_content(CHUNK_BYTES):
                         append(f, block, part)
                         progress.update(len(block))
@@ -102,6 +107,13 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
     os.replace(part, dest)
     source.unlink(missing_ok=True)
     return True
+
+
+def checked_validator(headers):
+    """What tells this version of a file from the next, for If-Range: a strong ETag, else Last-Modified, else ""
+    (a weak ETag, W/"...", never matches in If-Range: a resume would then always start over)."""
+    etag = headers.get("ETag", "")
+    return etag if etag and not etag.startswith("W/") else headers.get("Last-Modified", "")
 
 
 def append(f, block, part):

@@ -109,6 +109,37 @@ def test_an_overwrite_cut_short_resumes_its_part(serve, tmp_path, monkeypatch):
     assert server.requests == [("x.bin", None), ("x.bin", f"bytes={len(new) // 2}-")]
 
 
+def test_a_part_of_a_file_changed_since_is_started_over(serve, tmp_path, monkeypatch):
+    """A download cut short, then the file replaced on the server under the same URL: the resume asks for the rest only
+    if the file is still the one the .part began (If-Range, with the ETag or Last-Modified the sidecar keeps). Before,
+    it kept the first half of the old file and the second half of the new, with exit 0. A .part whose sidecar has no
+    validator (a server that sends none, or a .part of the code before) resumes on Range alone, as before."""
+    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 100)  # (a cut keeps the blocks before it)
+    old, new = bytes(range(100)) * 20, bytes(range(99, -1, -1)) * 20  # (of one length: no size tells them apart)
+    server, dest = serve({"x.bin": old}, cut_once={"x.bin"}), tmp_path / "x.bin"
+    with pytest.raises(DataError):  # (no retries left: what a Ctrl-C leaves too)
+        prepare_data.download(f"{server.url}/x.bin", dest, retries=0)
+    etag = (tmp_path / "x.bin.part.url").read_text().split("\n")[1]
+    assert etag.startswith('"') and (tmp_path / "x.bin.part").read_bytes() == old[:1000]
+    server.files["x.bin"] = new
+    assert prepare_data.download(f"{server.url}/x.bin", dest, retries=0) is True
+    assert dest.read_bytes() == new and server.if_ranges == [None, etag]
+    assert server.requests == [("x.bin", None), ("x.bin", "bytes=1000-")]  # asked for the rest, sent all of it
+    # the file unchanged, the rest is what comes; with no validator kept, Range alone
+    for headers in ({}, {"ETag": None}):
+        server = serve({"x.bin": old}, cut_once={"x.bin"}, headers=headers)
+        dest.unlink()
+        with pytest.raises(DataError):
+            prepare_data.download(f"{server.url}/x.bin", dest, retries=0)
+        assert prepare_data.download(f"{server.url}/x.bin", dest, retries=0) is True
+        assert dest.read_bytes() == old and server.requests[1] == ("x.bin", "bytes=1000-")
+        assert server.if_ranges[1] == (None if headers else etag)
+    # a weak ETag never matches in If-Range: Last-Modified stands in for it
+    assert prepare_data.checked_validator({"ETag": 'W/"1"', "Last-Modified": "Sun, 29 Nov 2026 02:00:00 GMT"}) == \
+        "Sun, 29 Nov 2026 02:00:00 GMT"
+    assert prepare_data.checked_validator({"ETag": '"1"', "Last-Modified": "x"}) == '"1"'
+
+
 def test_a_download_onto_a_full_disk_is_one_line_and_resumes(serve, tmp_path, monkeypatch, capsys):
     """The disk fills up during a download: one line that names the .part, which keeps what was written (a write
     takes the part of a block that fits); once there is room, the same command resumes from there (HTTP Range)."""
