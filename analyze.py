@@ -168,6 +168,22 @@ def activations(model, idx):
     return values, hidden
 
 
+def distinct_labels(runs_):
+    """A label for each (router, run folder): the router alone where no other run has it, else with as much of the
+    folder's path as tells it from the others of its router (out/grid/int-steps/lime-seed1 beside out/grid/mod-steps/
+    lime-seed1: 'lime (int-steps/lime-seed1)')."""
+    labels = []
+    for router, folder in runs_:
+        others = [Path(f).resolve().parts for r, f in runs_ if r == router]
+        parts = Path(folder).resolve().parts
+        if len(others) == 1:
+            labels.append(router)
+            continue
+        n = next((n for n in range(1, len(parts) + 1) if [o[-n:] for o in others].count(parts[-n:]) == 1), len(parts))
+        labels.append(f"{router} ({'/'.join(parts[-n:])})")
+    return labels
+
+
 def renyi_entropy(Z, alpha=1.0):
     """Matrix-based Renyi entropy of the tokens' representations Z (T, d): features standardised,
     Gram matrix over tokens, eigenvalues normalised by the trace. From 0 (rank 1) up to
@@ -183,22 +199,28 @@ def renyi_entropy(Z, alpha=1.0):
 
 
 def cmd_entropy(args):
-    runs_, counts, data = [], set(), {}
-    for out_dir in args.out_dir:
-        cfg, model = load(out_dir, args)
-        per_seq = [activations(model, x) for x in sequences(cfg, args.num_seqs, args.seq_len)]
+    loaded = [load(out_dir, args) for out_dir in args.out_dir]
+    # NOTE the entropy of T tokens grows with T (at most log(T - 1)), and a language run's windows are at most its
+    # block_size: every run is measured over as many tokens, the fewest any of them holds
+    seq_len = min(args.seq_len, *(cfg.block_size for cfg, _ in loaded))
+    runs_, counts, tokens, data = [], set(), set(), {}
+    for out_dir, (cfg, model) in zip(args.out_dir, loaded):
+        seqs = sequences(cfg, args.num_seqs, seq_len)
+        per_seq = [activations(model, x) for x in seqs]
         counts.add(len(per_seq))
+        tokens.update(len(x) for x in seqs)
         data[f"{cfg.router} ({out_dir})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
-        runs_.append((cfg.router, Path(out_dir).name, [
+        runs_.append((cfg.router, out_dir, [
             [sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(cfg.n_layer)]
             for k in (0, 1)]))  # values, hidden
-    routers = [router for router, _, _ in runs_]
     curves = {}
-    for router, name, (values, hidden) in runs_:
-        label = router if routers.count(router) == 1 else f"{router} ({name})"  # two runs of one router: both
+    for label, (_, _, (values, hidden)) in zip(distinct_labels([(r, d) for r, d, _ in runs_]), runs_):
         curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
+    long = f"{min(tokens)} to {max(tokens)}" if len(tokens) > 1 else f"{min(tokens, default=0)}"
     print(f"matrix-based Renyi entropy (alpha {args.alpha}) in nats, mean over {' or '.join(map(str, sorted(counts)))} "
-          "sequences")
+          f"sequences of {long} tokens")
+    if seq_len < args.seq_len and len(args.out_dir) > 1 and len({cfg.block_size for cfg, _ in loaded}) > 1:
+        print(f"NOTE --seq-len={args.seq_len}: {seq_len} tokens for every run, the shortest block_size among them")
     width = 2 + max(14, *map(len, curves))  # a column per curve, as wide as its name and a space or two
     print("layer " + "".join(f"{name:>{width}}" for name in curves))
     for l in range(max(len(c) for c in curves.values())):
@@ -341,6 +363,8 @@ def cmd_curves(args):
         raise UsageError(f"--rows must be positive, got {args.rows}")
     if args.out and Path(args.out).suffix.lower() != ".png":  # never a PNG written over notes.md
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_file():  # (before the work, not after it)
+        raise UsageError(f"--out={args.out} is a folder, not a file: give the picture's own path")
     folders = run_folders(args.run_dirs)
     read = {d: eval_rows(d) for d in folders}
     evaluated = [d for d in folders if read[d][1]]  # the others stopped, or are still training, before their first
@@ -436,7 +460,9 @@ def cmd_prune(args):
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
     print(f"evaluating {args.out_dir} on {device}, as it is and then pruned ...", flush=True)  # (two evaluations)
     before = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
-    mask = prune_routers(model, args.top_p, runs.pruning_mask(ckpt, model, Path(args.out_dir) / "ckpt.pt"))
+    old = runs.pruning_mask(ckpt, model, Path(args.out_dir) / "ckpt.pt")  # a run pruned already: what it dropped
+    already = pruned_total(model, old)[0] if old is not None else 0
+    mask = prune_routers(model, args.top_p, old)
     after = evaluate(model, model, data, cfg.micro_batch_size, device, autocast)
 
     counts = pruned_counts(model, mask)
@@ -445,7 +471,10 @@ def cmd_prune(args):
     for layer, (n, of) in counts.items():
         print(f"layer {layer:>3}: {n:>8,} of {of:>8,} ({100 * n / of:5.1f}%)")
     print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
-    print(f"{'metric':<10} {'unpruned':>10} {'pruned':>10}")
+    if already:  # NOTE then neither the counts nor the first column are of the top-p above alone
+        print(f"NOTE {args.out_dir} was pruned already ({already:,} of {total:,} weights): the counts above include "
+              f"those, and 'as saved' is that pruned model")
+    print(f"{'metric':<10} {'as saved' if already else 'unpruned':>10} {'pruned':>10}")
     for key in before:
         print(f"{key:<10} {show_value(key, before[key]):>10} {show_value(key, after[key]):>10}")
     M = survival_map(model, mask)
@@ -453,14 +482,15 @@ def cmd_prune(args):
     print_layer_map(M)
     save_plot(Path(args.out_dir) / "prune.png", {}, "source layer", "layer",
               f"router weights kept at top-p {args.top_p}", image=M.numpy())
-    report = dict(source=str(args.out_dir), top_p=args.top_p, pruned=pruned, weights=total,
+    report = dict(source=str(args.out_dir), top_p=args.top_p, pruned=pruned, weights=total, already_pruned=already,
                   per_layer={layer: dict(pruned=n, weights=of) for layer, (n, of) in counts.items()},
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training
         with holding(save, "a train.py training there? wait for it to end, or give another folder"):
             runs.refuse_changed(save, seen, "while this one pruned")  # (a prune --save of its own, or a run)
             runs.clear_run(save)
-            config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save)}
+            config = {**ckpt["config"], "data_dir": cfg.data_dir, "out_dir": str(save),  # (its setting: tables.py)
+                      "prunings": [*(ckpt["config"].get("prunings") or []), dict(top_p=args.top_p, step=ckpt["step"])]}
             try:  # the checkpoint first and prune.json last: killed in between (kill -9), what is there is a model
                 runs.save_checkpoint(save, model, ckpt["optimizer"], ckpt["step"], config, mask)
                 atomic_write(save / "config.json", lambda f: f.write(json.dumps(config, indent=2).encode()))

@@ -132,7 +132,7 @@ def flag_fields(cls):
 
 
 # what a field of each type holds, as an error says it
-KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a dict"}
+KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a dict", list: "a list"}
 
 
 def field_type(f):

@@ -64,9 +64,9 @@ def by_setting(records, items=None):
         for other in configs.setdefault(key, []):
             differ = differences(config, other)
             if differ:
-                k = differ[0]
+                k, a, b = first_difference(differ[0], other[differ[0]], config[differ[0]])
                 raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
-                                 f"{shown(other[k])} in {other.get('out_dir')}, {shown(config[k])} in "
+                                 f"{shown(a)} in {other.get('out_dir')}, {shown(b)} in "
                                  f"{config.get('out_dir')}): a mean over seeds is of one setting")
         if "seed" in record and (key, record["seed"]) in seen:
             raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
@@ -75,6 +75,18 @@ def by_setting(records, items=None):
         configs[key].append(config)
         groups.setdefault(key, []).append(item)
     return groups
+
+
+def first_difference(key, a, b):
+    """(where, a's value there, b's) for the first value that differs within two values of `key`: inside dicts, a path
+    (init_source.setting.max_steps: the runs that two fine-tunes start from differ in their length)."""
+    while isinstance(a, dict) and isinstance(b, dict):
+        inner = next(k for k in sorted(a.keys() | b.keys()) if a.get(k, ABSENT) != b.get(k, ABSENT))
+        key, a, b = f"{key}.{inner}", a.get(inner, ABSENT), b.get(inner, ABSENT)
+    return key, a, b
+
+
+ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a key one dict has and the other not
 
 
 def shown(value, most=80):
