@@ -303,6 +303,8 @@ def run_folders(paths):
     """The run folders among `paths`, each once (a folder given twice is still one run). A file is left out
     with a line saying so: a glob over the runs (out/quick/*) also finds the curves.png saved beside them."""
     paths = list(dict.fromkeys(Path(p).resolve() for p in paths))
+    if missing := [d for d in paths if not d.exists()]:  # (a typo: not "no .../summary.json (is the run finished?)")
+        raise UsageError(f"no such folder: {missing[0]}")
     folders, files = [d for d in paths if not d.is_file()], [d for d in paths if d.is_file()]
     if not folders:
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")

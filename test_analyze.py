@@ -469,6 +469,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
     assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().err
     assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
+    assert error_of(analyze.main, ["table", dirs[0], str(tmp_path / "typo")], capsys) == \
+        f"analyze.py: error: no such folder: {tmp_path / 'typo'}"
     (tmp_path / "d.png").mkdir()  # a picture asked for by name where it cannot go: refused first, not exit 0 without it
     assert error_of(analyze.main, ["curves", *dirs[:2], "--out", str(tmp_path / "d.png")], capsys, code=2) == \
         f"analyze.py: error: --out={tmp_path / 'd.png'} is a folder, not a file: give the picture's own path"
