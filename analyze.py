@@ -358,7 +358,7 @@ def eval_rows(run_dir):
 
 
 def cmd_curves(args):
-    """{label: {metric: [(step, mean, sd, seeds)]}}: one curve per setting (runs.seed_group), the mean and
+    """{label: {metric: [(step, mean, sd, seeds)]}}: one curve per setting (tables.by_setting), the mean and
     the sample standard deviation over its seeds, at every step that all of its runs have evaluated (a run yet to
     evaluate is left out, with a line that says so)."""
     if args.rows < 1:
@@ -384,8 +384,9 @@ def cmd_curves(args):
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}
-    for (regime, router, preset, steps), seeds in groups.items():
-        label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps") if x)
+    for (regime, router, preset, steps, fields), seeds in groups.items():
+        label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps",
+                                           *(text for _, _, text in fields)) if x)
         common = sorted(set.intersection(*({r["step"] for r in rows if metric in r} for rows in seeds)))
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")

@@ -1039,8 +1039,8 @@ def metric_fault(key, value, diverged=False):
 
 def seed_group(run):
     """(regime, router, preset, steps): what the runs averaged as seeds of one setting share (tables.by_setting
-    groups runs by it). `run`: a summary.json, or a config.json (its max_steps). Runs that differ in anything
-    else are not averaged: not in preset, length or tiers."""
+    groups runs by it, and sets apart those that differ in more). `run`: a summary.json, or a config.json (its
+    max_steps)."""
     task = run.get("task")
     regime = arithmetic.Task.from_meta(task).label if task else ""  # e.g. 'int-steps, tiers 4,5,6 operands'
     return regime, run["router"], run.get("preset"), run.get("steps", run.get("max_steps"))

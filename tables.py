@@ -1,6 +1,6 @@
 """
 Finished runs compared: the runs that differ only in their seed grouped as the seeds of one setting
-(by_setting, by runs.seed_group), and their metrics as tables of mean ± sample standard deviation over
+(by_setting: by runs.seed_group, and apart where they differ in more), and their metrics as tables of mean ± sample standard deviation over
 the seeds (results_table). `analyze.py table` and grid.py print these tables; `analyze.py curves`
 groups and averages the runs' evaluations the same way. (They are here, not in analyze.py, because
 a script imports no other script.)
@@ -52,38 +52,45 @@ def differences(a, b, aside=frozenset()):
 
 
 def by_setting(records, items=None):
-    """{seed_group: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages
-    as the seeds of one setting; `items`, one per record, are what it groups (by default the records). Runs of one
-    group that differ in more than NOT_THE_SETTING (lr, depth, pruning: what a row does not show), or in nothing
-    (a copy, one seed twice), are an error: their mean would not be what the row says, or look surer than it is."""
-    groups, configs, seen = {}, {}, set()
-    for record, item in zip(records, records if items is None else items):
-        key = seed_group(record)
-        which = f"router {key[1]}{', ' + key[0] if key[0] else ''}"
-        config = config_of(record)
-        for other in configs.setdefault(key, []):
-            differ = differences(config, other)
-            if differ:
-                k, a, b = first_difference(differ[0], other[differ[0]], config[differ[0]])
-                raise UsageError(f"these runs of {which} differ in {', '.join(differ)}, not only in their seed ({k} "
-                                 f"{shown(a)} in {other.get('out_dir')}, {shown(b)} in "
-                                 f"{config.get('out_dir')}): a mean over seeds is of one setting")
-        if "seed" in record and (key, record["seed"]) in seen:
-            raise UsageError(f"two of these runs are seed {record['seed']} of {which}: a mean over seeds takes each "
-                             "seed once")
-        seen.add((key, record.get("seed")))
-        configs[key].append(config)
-        groups.setdefault(key, []).append(item)
+    """{row: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages as the
+    seeds of one setting; `items`, one per record, are what it groups (by default the records). A row is the runs'
+    seed_group and, where runs of one seed_group differ in more than NOT_THE_SETTING (a depth ablation: n_layer; lr;
+    a pruning), the fields they differ in with this row's values, ((field, value as JSON, value shown), ...): those
+    runs are rows apart, each named by what sets it apart (row_name), never one mean. Runs that differ in nothing (a
+    copy, one seed twice) are an error: their mean would look surer than it is."""
+    records = list(records)
+    settings = [setting(config_of(r)) for r in records]
+    keys = [seed_group(r) for r in records]
+
+    def value(s, field):  # as JSON (a field an older run's config lacks: "", a row of its own where others differ)
+        return json.dumps(s[field], sort_keys=True) if field in s else ""
+    shows = {}  # seed_group -> {field apart: {value: how its row's name shows it}}
+    for key in dict.fromkeys(keys):
+        ours = [s for k, s in zip(keys, settings) if k == key]
+        for f in dict.fromkeys(f for s in ours for f in s):
+            values = {value(s, f): s.get(f, ABSENT) for s in ours}
+            if len([v for v in values if v]) > 1:  # (between runs that hold it: an older run differs in nothing)
+                shows.setdefault(key, {})[f] = {v: shown_apart(f, x, [y for y in values.values() if y != x])
+                                                for v, x in values.items()}
+    groups, seen = {}, set()
+    for record, s, key, item in zip(records, settings, keys, records if items is None else items):
+        row = (*key, tuple((f, value(s, f), texts[value(s, f)]) for f, texts in shows.get(key, {}).items()))
+        if "seed" in record and (row, record["seed"]) in seen:
+            raise UsageError(f"two of these runs are seed {record['seed']} of router {row_name(row, [row])}"
+                             f"{', ' + key[0] if key[0] else ''}: a mean over seeds takes each seed once")
+        seen.add((row, record.get("seed")))
+        groups.setdefault(row, []).append(item)
     return groups
 
 
-def first_difference(key, a, b):
-    """(where, a's value there, b's) for the first value that differs within two values of `key`: inside dicts, a path
-    (init_source.setting.max_steps: the runs that two fine-tunes start from differ in their length)."""
-    while isinstance(a, dict) and isinstance(b, dict):
-        inner = next(k for k in sorted(a.keys() | b.keys()) if a.get(k, ABSENT) != b.get(k, ABSENT))
-        key, a, b = f"{key}.{inner}", a.get(inner, ABSENT), b.get(inner, ABSENT)
-    return key, a, b
+def shown_apart(field, value, others):
+    """How a row's name shows the value of a field its runs differ in from other runs (row_name): 'lr 0.001'; inside
+    dicts, at the first place where it differs from another value ('init_source.setting.max_steps 8')."""
+    other = next((y for y in others if y is not ABSENT), others[0])
+    while isinstance(value, dict) and isinstance(other, dict):
+        inner = next(k for k in sorted(value.keys() | other.keys()) if value.get(k, ABSENT) != other.get(k, ABSENT))
+        field, value, other = f"{field}.{inner}", value.get(inner, ABSENT), other.get(inner, ABSENT)
+    return f"{field} {shown(value, 40)}"
 
 
 ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a key one dict has and the other not
@@ -128,7 +135,7 @@ def results_table(summaries, split="test"):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
     rows = by_setting(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(summaries, metrics) + unshown_differences(rows) + where_they_ran(summaries)
+        return single_run_table(rows, metrics) + unshown_differences(rows) + where_they_ran(summaries)
     scale = {m: 100 if is_accuracy(m) else 1 for m in metrics}  # accuracies in %
     digits = {m: 1 if is_accuracy(m) else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
@@ -149,11 +156,13 @@ def results_table(summaries, split="test"):
 
 
 def row_name(key, keys):
-    """A row's router, with its preset or length where another row of its regime has the same router (by_setting's
-    rows differ in nothing else): 'lime (preset deep)'. `key`, each of `keys`: a row's seed_group."""
-    regime, router, preset, steps = key
+    """A row's router, with what sets it apart from the other rows of its regime and router: its preset or length
+    where they differ, and the fields by_setting found apart: 'lime (preset deep)', 'lime (n_layer 8)'. `key`, each of
+    `keys`: a row of by_setting."""
+    regime, router, preset, steps, fields = key
     twins = [k for k in keys if k[:2] == (regime, router)]
     apart = [name for i, name in ((2, f"preset {preset}"), (3, f"{steps} steps")) if len({k[i] for k in twins}) > 1]
+    apart += [text for _, _, text in fields]
     return f"{router} ({', '.join(apart)})" if apart else router
 
 
@@ -164,10 +173,15 @@ def unshown_differences(rows):
     Rows of different regimes are not compared: what the regime sets (a block or vocabulary that fits its data, as
     grid.py gives each) may differ between them, and the table compares routers within a regime only."""
     aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
-    regimes = {}
-    for (regime, router, preset, steps), runs in rows.items():
+    regimes, named = {}, {}
+    for (regime, router, preset, steps, fields), runs in rows.items():
         regimes.setdefault(regime, []).append((router, dict(setting(config_of(runs[0]), aside), preset=preset,
                                                             steps=steps)))
+        named[regime] = named.get(regime, {f for f, _, _ in fields}) & {f for f, _, _ in fields}
+    for regime, settings in regimes.items():  # (what every row's name shows already: n_layer in a depth ablation)
+        for _, values in settings:
+            for field in named[regime]:
+                values.pop(field, None)
     notes = []
     for regime, settings in regimes.items():
         differ = [k for k in dict.fromkeys(k for _, s in settings for k in s)
@@ -202,11 +216,11 @@ def where_they_ran(summaries):
     return "\n\nNOTE these runs did not all run alike: " + "; ".join(f"{k} ({', '.join(v)})" for k, v in how.items())
 
 
-def single_run_table(summaries, metrics):
-    """Table 7's layout, for one run per router: each run's metrics as saved, and their change from the `lime`
-    run, where there is one."""
+def single_run_table(rows, metrics):
+    """Table 7's layout, for one run per row (by_setting's): each run's metrics as saved, and their change from the
+    `lime` run, where there is one."""
+    keys, summaries = list(rows), [runs[0] for runs in rows.values()]
     base = next((s for s in summaries if s["router"] == "lime"), None)
-    keys = [seed_group(s) for s in summaries]
     names = ["perplexity" if m == "val_ppl" else m.replace("val_", "val ") for m in metrics]  # as the other table
     head = ["router", *names]
     if base:

@@ -285,9 +285,10 @@ def test_table_averages_over_seeds(tmp_path, capsys):
     assert f"{int_} lime | 3 | 0.300 ± 0.100 | 90.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 10.0 | - |" in val
 
 
-def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, capsys):
-    """A row (or a curve) is a mean over the seeds of one setting: runs whose configs differ in lr or depth, which the
-    row does not show, are refused, not averaged; where and how each ran (out_dir, device, ...) may differ."""
+def test_runs_that_differ_in_more_than_their_seed_are_rows_apart(tmp_path, capsys):
+    """A row (or a curve) is a mean over the seeds of one setting: runs of one router whose configs differ in lr or
+    depth are rows apart, each named by what sets it apart (a depth ablation in one table), never averaged; where and
+    how each ran (out_dir, device, ...) may differ within a row."""
     dirs = []
     for seed, (lr, n_layer) in enumerate([(1e-3, 4), (1e-3, 4), (1e-5, 4), (1e-3, 6)]):
         how = {k: f"{k} of run {seed}" for k in tables.NOT_THE_SETTING - {"seed"}}  # each of them may differ
@@ -300,36 +301,40 @@ def test_runs_that_differ_in_more_than_their_seed_are_not_averaged(tmp_path, cap
         (d / "summary.json").write_text(json.dumps(summary))
         dirs.append(str(d))
     assert "| lime | 2 | 2.500 ± 0.707 |" in analyze.main(["table", *dirs[:2]])
-    for command, others, says in (
-            ("table", dirs[:3], "lr 0.001 in out_dir of run 0, 1e-05 in out_dir of run 2"),
-            ("curves", [*dirs[:2], dirs[3]], "n_layer 4 in out_dir of run 0, 6 in out_dir of run 3")):
-        assert error_of(analyze.main, [command, *others], capsys).endswith(
-            f"these runs of router lime differ in {says.split()[0]}, not only in their seed ({says}): a mean over "
-            "seeds is of one setting")
-    err = error_of(analyze.main, ["table", dirs[2], dirs[3]], capsys)  # two fields: each, and the first's values
-    assert err.endswith("differ in lr, n_layer, not only in their seed (lr 1e-05 in out_dir of run 2, 0.001 in "
-                        "out_dir of run 3): a mean over seeds is of one setting")
+    table = analyze.main(["table", *dirs[:3]])
+    assert "| lime (lr 0.001) | 2 | 2.500 ± 0.707 |" in table and "| lime (lr 1e-05) | 1 | 4.000 |" in table
+    assert "NOTE" not in table  # (what sets the rows apart is in their names)
+    curves = analyze.main(["curves", *dirs[:2], dirs[3]])
+    assert {label: c["val_loss"] for label, c in curves.items()} == {
+        "lime, preset tiny, 10 steps, n_layer 4": [(10, 1.5, pytest.approx(0.5 ** 0.5), 2)],
+        "lime, preset tiny, 10 steps, n_layer 6": [(10, 4.0, 0.0, 1)]}
+    table = analyze.main(["table", dirs[2], dirs[3]])  # one run a row: Table 7's layout, each named by both fields
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:4]] == ["| lime (lr 1e-05, n_layer 4)",
+                                                                       "| lime (lr 0.001, n_layer 6)"]
     scratch = tmp_path / "scratch"  # seed 0 again, from scratch: each seed of a fine-tune starts from its own run,
     shutil.copytree(dirs[0], scratch)  # but a seed trained from scratch is another setting
     summary = json.loads((scratch / "summary.json").read_text())
     summary["seed"], summary["config"]["seed"], summary["config"]["init_from"] = 5, 5, ""
     (scratch / "summary.json").write_text(json.dumps(summary))
-    assert error_of(analyze.main, ["table", dirs[0], str(scratch)], capsys).endswith(
-        "differ in init_from, not only in their seed (init_from 'init_from of run 0' in out_dir of run 0, '' in "
-        "out_dir of run 0): a mean over seeds is of one setting")
-    for i, n in enumerate((9, 10)):  # seeds that read other shards: the line says where, not all 99 of them
+    assert list(tables.by_setting([json.loads((tmp_path / "run0" / "summary.json").read_text()), summary])) == [
+        ("", "lime", "tiny", 10, (("init_from", "true", "init_from True"),)),
+        ("", "lime", "tiny", 10, (("init_from", "false", "init_from False"),))]
+    for i, n in enumerate((9, 10)):  # seeds that read other shards: the name says where, not all 99 of them
         summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
         summary["config"]["shards"] = {"train": {f"fineweb_train_{j:06d}.bin": 10**8 for j in range(1, n)}}
         (tmp_path / f"run{i}" / "summary.json").write_text(json.dumps(summary))
-    assert error_of(analyze.main, ["table", *dirs[:2]], capsys).endswith(
-        "differ in shards, not only in their seed (shards.train.fineweb_train_000009.bin (absent) in out_dir of run 0, "
-        "100000000 in out_dir of run 1): a mean over seeds is of one setting")
+    assert [line.split(" | ")[0] for line in analyze.main(["table", *dirs[:2]]).splitlines()[2:4]] == [
+        "| lime (shards.train.fineweb_train_000009.bin (absent))", "| lime (shards.train.fineweb_train_000009.bin "
+        "100000000)"]
     (tmp_path / "old").mkdir()  # a summary from before summaries kept their config: it differs in nothing known
     (tmp_path / "old" / "summary.json").write_text(json.dumps(dict(router="lime", preset="tiny", seed=9, steps=10,
                                                                    val_ppl=2.0)))
-    assert error_of(analyze.main, ["table", str(tmp_path / "old"), dirs[2], *dirs[:2]], capsys).endswith(
-        "differ in lr, not only in their seed (lr 1e-05 in out_dir of run 2, 0.001 in out_dir of run 0): a mean over "
-        "seeds is of one setting")  # whichever comes first
+    assert "| lime | 2 | 3.000 ± 1.414 |" in analyze.main(["table", str(tmp_path / "old"), dirs[2]])
+    (tmp_path / "copy").mkdir()  # but a copy of a run is no second seed
+    shutil.copy(tmp_path / "run2" / "summary.json", tmp_path / "copy")
+    assert error_of(analyze.main, ["table", dirs[2], dirs[3], str(tmp_path / "copy")], capsys) == \
+        "analyze.py: error: two of these runs are seed 2 of router lime (lr 1e-05, n_layer 4): a mean over seeds " \
+        "takes each seed once"
 
 
 def test_a_table_of_routers_trained_differently_says_how(tmp_path):
@@ -622,7 +627,7 @@ def test_ablation_table_of_accuracies_gives_the_change_in_points(tmp_path):
     assert "| none | 0.5000 | 50.0% | 29.8% | 25.0% | +100.00% | +0.0 pts |" in table
 
 
-def test_a_pruned_run_and_fine_tunes_of_other_runs_are_not_seeds_of_one_setting(answer_dir, answer_run, tmp_path,
+def test_a_pruned_run_and_fine_tunes_of_other_runs_are_rows_apart(answer_dir, answer_run, tmp_path,
                                                                                  capsys):
     """A run pruned by prune --save and trained on, beside one never pruned, made one row of two seeds in table and
     curves; so did fine-tunes of runs of other lengths. A config now holds what its run started from: the prunings of
@@ -637,19 +642,18 @@ def test_a_pruned_run_and_fine_tunes_of_other_runs_are_not_seeds_of_one_setting(
     out = capsys.readouterr().out
     assert report["already_pruned"] == already > 0 and "unpruned" not in out and f"NOTE {pruned} was pruned already " \
         f"({already} of 8 weights): the counts above include those, and 'as saved' is that pruned model" in out
-    for command in ("table", "curves"):
-        assert error_of(analyze.main, [command, str(pruned), str(unpruned)], capsys).endswith(
-            f"differ in prunings, not only in their seed (prunings [{{'top_p': 0.7, 'step': 6}}] in {pruned}, None in "
-            f"{unpruned}): a mean over seeds is of one setting")
+    assert [line.split(" | ")[0] for line in analyze.main(["table", str(pruned), str(unpruned)]).splitlines()[2:4]] == \
+        ["| lime (prunings [{'top_p': 0.7, 'step': 6}])", "| lime (prunings None)"]
+    assert [label.split(" steps, ")[1] for label in analyze.main(["curves", str(pruned), str(unpruned)])] == [
+        "prunings [{'top_p': 0.7, 'step': 6}]", "prunings None"]
     short, tunes = tmp_path / "short", [tmp_path / "tune1", tmp_path / "tune2"]
     train.main(tiny_args(answer_dir, short, "--max-steps=2", "--seed=3"))
     for tune, source, seed in zip(tunes, (unpruned, short), (2, 3)):
         train.main(tiny_args(answer_dir, tune, f"--init-from={source}", "--max-steps=2", f"--seed={seed}"))
     assert json.loads((tunes[1] / "config.json").read_text())["init_source"] == dict(
         setting=tables.setting(json.loads((short / "config.json").read_text())), step=2)
-    assert error_of(analyze.main, ["table", *map(str, tunes)], capsys).endswith(
-        f"differ in init_source, not only in their seed (init_source.setting.max_steps 8 in {tunes[0]}, 2 in "
-        f"{tunes[1]}): a mean over seeds is of one setting")
+    assert [line.split(" | ")[0] for line in analyze.main(["table", *map(str, tunes)]).splitlines()[2:4]] == [
+        "| lime (init_source.setting.max_steps 8)", "| lime (init_source.setting.max_steps 2)"]
     again = tmp_path / "tune3"  # a fine-tune of another seed of the same setting: one more seed of the row
     shutil.copytree(tunes[1], again)
     summary = json.loads((again / "summary.json").read_text())
@@ -818,5 +822,5 @@ def test_what_the_seeds_of_one_setting_may_differ_in():
     grouped = {"router", "preset", "max_steps"}  # (runs.seed_group's: rows apart, not refused)
     for field in sorted({f.name for f in dataclasses.fields(train.TrainConfig)} - {*may, "seed", "out_dir"} - grouped):
         a, b = (dict(task, train_size=n) for n in (100, 200)) if field == "task" else ("a's", "b's")
-        with pytest.raises(cli.UsageError, match=f"differ in {field}, not only in their seed"):
-            tables.by_setting([{**first, field: a}, {**first, field: b, "seed": 1, "out_dir": "b"}])
+        rows = tables.by_setting([{**first, field: a}, {**first, field: b, "seed": 1, "out_dir": "b"}])
+        assert [key[4][0][0] for key in rows] == [field] * 2 and [len(runs) for runs in rows.values()] == [1, 1], field
