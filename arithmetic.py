@@ -306,7 +306,8 @@ def parse_tree(text):
 def generate(task, seed, train_size, test_size):
     """{'train': [lines], 'test_4': [lines], ..., 'val_4': [lines], ...}: train_size samples per tier
     in train, test_size per tier in each test and validation split. No expression occurs twice
-    across splits: validation, for choosing settings, is as unseen as the test."""
+    across splits, nor is a scored one a step of a training solution: validation, for choosing settings, is as
+    unseen as the test."""
     rng = random.Random(seed)
     out = {"train": [task.solution(task.random_expression(rng, n)) for n in task.tiers for _ in range(train_size)]}
     seen = {line.split(" = ")[0] for line in out["train"]}
@@ -323,6 +324,23 @@ def generate(task, seed, train_size, test_size):
                     raise UsageError(f"tier {n} has too few distinct expressions for {test_size} unseen ones: "
                                     f"lower --test-size or --train-size")
             out[f"{split}_{n}"] = lines
+    # NOTE with several tiers, a longer training solution reduces to shorter expressions ('2 + 4 * 1 / 5 = 2 + 4 / 5
+    # = ...'): one that is scored would have its whole solution in training. Such a line is drawn again, in its place,
+    # from a generator of its own, so that every other line stays what this code made before it looked for them
+    steps = {step for line in out["train"] for step in line.split(" = ")[1:-1]}
+    again = random.Random(f"{seed} again")
+    for name, lines in out.items():
+        for i in range(len(lines)) if name != "train" else ():
+            tries = 0
+            while lines[i].split(" = ")[0] in steps:
+                line = task.solution(task.random_expression(again, int(name.split("_")[1])))
+                tries += 1
+                if line.split(" = ")[0] not in seen and line.split(" = ")[0] not in steps:
+                    seen.add(line.split(" = ")[0])
+                    lines[i] = line
+                elif tries > 100 * test_size:
+                    raise UsageError(f"{name.replace('_', ' tier ')} has too few expressions that are no step of a "
+                                     "training solution: lower --test-size or --train-size")
     return out
 
 
@@ -611,15 +629,24 @@ def load(data_dir, trained_on=None):
                 problem = str(e)
             if problem:
                 raise damaged_line(path, i, problem, meta)
-        if name != "train":  # a scored expression is there once (generate): a copied line would count twice
-            first = {}
-            for i, line in enumerate(splits[name]):
-                j = first.setdefault(line.split(" = ")[0], i)
-                if j != i:
-                    raise damaged_line(path, i, f"its expression is line {j + 1}'s too", meta)
         if lines_in and len(splits[name]) != lines_in[name]:  # (lines cut away whole, or added: every line a sample)
             raise DataError(f"{path} holds {len(splits[name])} lines, not the {lines_in[name]} that its meta.json "
                             f"names: {rebuild}")
+    # a scored expression is there once (generate): not twice (a copied line would count twice), not in training, as
+    # a sample or as a step of a longer one's solution (data made before generate() saw to it, or edited), where its
+    # answer would be learned, not worked out
+    where = {}  # expression -> (split, line) of its first place
+    for name in names:
+        for i, line in enumerate(splits[name]):
+            for expr in line.split(" = ")[:-1] if name == "train" else [line.split(" = ")[0]]:
+                there = where.setdefault(expr, (name, i))
+                if name != "train" and there != (name, i):
+                    what = "a step of the solution" if there[0] == "train" and \
+                        not splits["train"][there[1]].startswith(expr + " = ") else "the expression"
+                    why = "its answer is learned, not worked out" if there[0] == "train" else "it counts twice"
+                    raise DataError(f"{data_dir / name}.txt, line {i + 1}: its expression is {what} of line "
+                                    f"{there[1] + 1} of {there[0]}.txt too, so that {why} (made by an older version "
+                                    f"of this code, or edited): {rebuild}")
     # NOTE prepare(overwrite=True) deletes meta.json before it replaces a split and writes it anew last: a meta.json
     # unchanged now means that no split read above was replaced meanwhile (else: some of either data, silently)
     if file_state(data_dir / "meta.json") != seen:
@@ -660,6 +687,7 @@ class Data(TaskRows):
         self.train_size, self.regime = len(self.train), regime(meta)
         self.label = describe(self.regime)  # with its seed and sizes: a preset trains on whatever its folder holds
         self.longest = max(len(ids) for split in rows.values() for ids, _ in split)  # test's too: it is generated
+        self.last_generated = self.task.target == "answer"  # (a solution's last token is <eos>, which need not be)
 
     def encode_row(self, line):
         """(token ids, the prompt's length: up to the first '='). A solution ends with <eos>, which is
@@ -691,4 +719,4 @@ class Data(TaskRows):
         items = [(self.vocab.encode(prompt), answer, self.task.most_new_tokens(prompt))
                  for prompt, answer in map(split_sample, lines)]
         return greedy_accuracy(model, items, lambda ids, answer: final_answer(self.vocab.decode(ids)) == answer,
-                               self.vocab.eos, device, rank=rank, world=world)
+                               self.vocab.eos, device, rank=rank, world=world, must_stop=self.task.target == "steps")

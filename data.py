@@ -178,6 +178,9 @@ class TaskRows:
     `vocab_size` for the caller to check against the model; and says what it scores (metrics)."""
     label = regime = None  # a task with variants: what to print about the one loaded, and its fields (a dict)
     shards = None  # samples, not token shards (TokenData)
+    # a sample's last token is learned from the one before it, and never read: block_size + 1 tokens fit. True where
+    # that last token is what the scoring generates (an answer with no end token after it): then the block holds it
+    last_generated = False
     table = None  # every training row, padded, built at the first batch (see batch)
 
     def collate(self, rows):
@@ -235,12 +238,14 @@ def evaluate_loss(model, data, micro_batch_size, device, autocast, rank=0, world
 
 
 @torch.no_grad()
-def greedy_accuracy(model, items, judge, stop, device, batch_size=256, rank=0, world=1):
+def greedy_accuracy(model, items, judge, stop, device, batch_size=256, rank=0, world=1, must_stop=False):
     """Share of items (prompt ids, reference, most new tokens) for which judge(generated ids,
     reference) holds. The generation is greedy and open-ended: it ends at the `stop` token (cut off
     before judging) or after the item's most new tokens (or at the end of the block), and is judged on
-    what it wrote by then. Prompts of all lengths share a batch (generate's `lengths`); sorted by
-    length, so that the prompts in one batch differ little and the batch runs little past its own end."""
+    what it wrote by then; with `must_stop` (a right one ends with `stop`, within its most new tokens), one that
+    wrote its most without `stop` is wrong, and one that the end of the block cut is judged. Prompts of all lengths
+    share a batch (generate's `lengths`); sorted by length, so that the prompts in one batch differ little and the
+    batch runs little past its own end."""
     items = sorted(items[rank::world], key=lambda item: len(item[0]))
     correct = torch.zeros(2, device=device)  # (right answers, items)
     for i in range(0, len(items), batch_size):
@@ -250,9 +255,13 @@ def greedy_accuracy(model, items, judge, stop, device, batch_size=256, rank=0, w
         T = max(lengths)
         idx = torch.tensor([prompt + [stop] * (T - len(prompt)) for prompt, _, _ in chunk], device=device)  # (B, T)
         out = generate(model, idx, max(*ends, T) - T, temperature=0, stop=stop, lengths=lengths)
-        for row, n, end, (_, reference, _) in zip(out.tolist(), lengths, ends, chunk):
+        for row, n, end, (_, reference, most) in zip(out.tolist(), lengths, ends, chunk):
             row = row[n:end]
-            correct[0] += bool(judge(row[: row.index(stop)] if stop in row else row, reference))
+            if stop in row:
+                row = row[: row.index(stop)]
+            elif must_stop and end == n + most:  # NOTE no right one is longer: whatever its text, it did not end
+                continue
+            correct[0] += bool(judge(row, reference))
         correct[1] += len(chunk)
     if world > 1:
         dist.all_reduce(correct)

@@ -1057,11 +1057,14 @@ def load_data(cfg, with_train=True, new_model=False):
     unless with_train is False. It must fit the model: its samples the block, its tokens the vocabulary. A new
     run's flags set them (training_data says which to give); a saved model's are fixed, and the data is at fault."""
     data = DATASETS[cfg.data](cfg, with_train)
-    if data.longest and data.longest > cfg.block_size + 1:
+    # NOTE a sample's last token is only learned, so one past the block fits; but not where generation writes it
+    # (answers with no end token after them), which would train on it and never score it
+    if data.longest and data.longest > cfg.block_size + (not getattr(data, "last_generated", False)):
+        why = " (its last token, the answer, is generated within the block)" if data.last_generated else ""
         if new_model:
-            raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}")
+            raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}{why}")
         raise DataError(f"{cfg.data_dir} holds a sample of {data.longest} tokens, longer than the model's "
-                        f"block_size={cfg.block_size}")
+                        f"block_size={cfg.block_size}{why}")
     if data.vocab_size > cfg.vocab_size and not new_model:
         raise DataError(f"{cfg.data_dir} holds token ids up to {data.vocab_size - 1}, past the model's "
                         f"vocab_size={cfg.vocab_size}")

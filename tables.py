@@ -1,8 +1,8 @@
 """
 Finished runs compared: the runs that differ only in their seed grouped as the seeds of one setting
-(by_setting: by runs.seed_group, and apart where they differ in more), and their metrics as tables of mean ± sample standard deviation over
-the seeds (results_table). `analyze.py table` and grid.py print these tables; `analyze.py curves`
-groups and averages the runs' evaluations the same way. (They are here, not in analyze.py, because
+(by_setting: by runs.seed_group, and apart where they differ in more), and their metrics as tables of mean ± sample
+standard deviation over the seeds (results_table). `analyze.py table` and grid.py print these tables;
+`analyze.py curves` groups and averages the runs' evaluations the same way. (They are here, not in analyze.py, because
 a script imports no other script.)
 """
 

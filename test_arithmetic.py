@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import arithmetic
 import cli
 import prepare_data
+import runs
 from cli import DataError, UsageError
 from conftest import ANSWERS, error_of, snapshot
 from data import evaluate, evaluate_loss
@@ -128,7 +129,7 @@ def test_arithmetic_files_are_deterministic_and_load(tmp_path, capsys):
 @pytest.mark.parametrize("target", ["steps", "answer"])
 def test_mod_samples_check_out_with_an_independent_evaluator(target):
     P = 11
-    task = arithmetic.Task(field="mod", modulus=P, count="operators", tiers=(1, 4, 6), target=target)
+    task = arithmetic.Task(field="mod", modulus=P, count="operators", tiers=(2, 4, 6), target=target)
     data = arithmetic.generate(task, seed=3, train_size=300, test_size=50)
     divisions = 0
     for name, lines in data.items():
@@ -136,7 +137,7 @@ def test_mod_samples_check_out_with_an_independent_evaluator(target):
             steps = line.split(" = ")
             answer = int(steps[-1])
             n_ops = [sum(t in "+-*/" for t in step.split()) for step in steps]
-            assert n_ops[0] in (1, 4, 6) and (name == "train" or n_ops[0] == int(name[-1]))  # tiers count operators
+            assert n_ops[0] in (2, 4, 6) and (name == "train" or n_ops[0] == int(name[-1]))  # tiers count operators
             assert all(evaluate_text(step, P) == answer for step in steps)
             assert len(line.split()) - len(steps[0].split()) - 1 + (target == "steps") <= \
                 task.most_new_tokens(steps[0] + " =")  # what follows '=', with <eos> after a solution
@@ -587,6 +588,78 @@ def test_no_expression_is_scored_twice_even_where_there_are_few():
     assert len(set(scored)) == len(scored) == 20 and not set(scored) & {l.split(" = ")[0] for l in data["train"]}
     with pytest.raises(UsageError, match="tier 1 has too few distinct expressions for 30 unseen ones"):
         arithmetic.generate(task, seed=0, train_size=5, test_size=30)
+
+
+def test_a_solution_that_never_ends_is_wrong_and_an_answer_past_the_block_is_refused(arith_dir, tmp_path,
+                                                                                     monkeypatch):
+    """A right solution ends with <eos> within the most new tokens a right one can take: a generation that writes them
+    all and goes on is wrong, whatever follows its last '=' where it is cut (before, the right number there counted);
+    one that the end of the block cuts is judged on what it wrote. An answer (no <eos> after it) is generated within
+    the block: its sample must fit there, not one token past it, where it trained and was never scored."""
+    cfg = SimpleNamespace(data_dir=str(arith_dir), task=None, block_size=64, eval_samples=10)
+    data = arithmetic.Data(cfg)
+    line = data.tests[4][0]
+    prompt, answer = arithmetic.split_sample(line)
+    n, most = len(prompt.split()), data.task.most_new_tokens(prompt)
+    right = line.split(" = ", 1)[1].split() + ["<eos>"]
+    def on(k):  # k tokens, then "= answer", and on: never ended
+        return ["("] * k + ["=", str(answer), "+", "1", "=", str(answer + 1), "<eos>"]
+
+    def scripted(script):  # data.generate, writing `script` after every prompt
+        def generate(model, idx, k, temperature, stop, lengths):
+            ids = data.vocab.encode(" ".join(script))
+            return torch.tensor([(row[:m] + ids + [stop] * (idx.shape[1] + k))[:idx.shape[1] + k]
+                                 for row, m in zip(idx.tolist(), lengths)])
+        return generate
+
+    model = SimpleNamespace(config=SimpleNamespace(block_size=64))
+    # cut after "= answer": at the most new tokens (wrong), and by the end of the block before them (judged: right)
+    for script, block, score in ((right, 64, 1.0), (on(most - 2), 64, 0.0), (on(most - 3), n + most - 1, 1.0)):
+        monkeypatch.setattr("data.generate", scripted(script))  # greedy_accuracy's
+        model.config.block_size = block
+        assert data.accuracy(model, [line], "cpu") == score, (script, block)
+    arithmetic.prepare(tmp_path, ANSWERS, seed=0, train_size=50, test_size=5)
+    longest = arithmetic.Data(SimpleNamespace(data_dir=str(tmp_path), task=None, block_size=64, eval_samples=5)).longest
+    for block, fits in ((longest - 1, False), (longest, True)):
+        cfg = SimpleNamespace(data="arithmetic", data_dir=str(tmp_path), task=None, block_size=block, eval_samples=5,
+                              vocab_size=1024)
+        if fits:
+            assert runs.load_data(cfg, new_model=True).last_generated
+        else:
+            with pytest.raises(UsageError, match=f"a sample of {longest} tokens does not fit --block-size={block} "
+                                                 r"\(its last token, the answer, is generated within the block\)"):
+                runs.load_data(cfg, new_model=True)
+
+
+def test_no_scored_expression_is_a_step_of_a_training_solution(tmp_path):
+    """With several tiers, a longer training solution reduces to shorter expressions: a scored one among them had its
+    whole solution in training (4 of test_1's 50 here; 84% of test_2 in mod 11 at tiers 2,3,4). generate() draws such
+    a line again, in its place, so that every other line is what it was; load() refuses data that holds one (made
+    before, or edited), or an expression of one scored split in another."""
+    task = arithmetic.Task(field="int", count="operators", tiers=(1, 2), target="steps")
+    data = arithmetic.generate(task, seed=0, train_size=300, test_size=50)
+    learned = {}  # expression -> the first training line that holds it, as a prompt or a step
+    for i, line in enumerate(data["train"]):
+        for expr in line.split(" = ")[:-1]:
+            learned.setdefault(expr, i)
+    scored = [line.split(" = ")[0] for name, lines in data.items() if name != "train" for line in lines]
+    assert len(set(scored)) == len(scored) == 200 and not set(scored) & set(learned)
+    arithmetic.prepare(tmp_path, task, 0, 300, 50)
+    assert arithmetic.load(tmp_path)[1] == data
+    prompts = {line.split(" = ")[0] for line in data["train"]}
+    step = next(s for s, i in learned.items() if s not in prompts and s.count(" ") == 2)  # (one operator: tier 1's)
+    for name, line, says in (("test_1", f"{step} = 0", f"a step of the solution of line {learned[step] + 1} of "
+                                                        "train.txt too, so that its answer is learned, not worked out"),
+                             ("val_2", data["test_2"][7], "the expression of line 8 of test_2.txt too, so that it "
+                                                          "counts twice")):
+        lines = list(data[name])
+        lines[3] = line if name == "val_2" else f"{step} = {task.solution(task.parse(step)).split(' = ')[-1]}"
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
+        with pytest.raises(DataError) as e:
+            arithmetic.load(tmp_path)
+        assert str(e.value).startswith(f"{tmp_path / name}.txt, line 4: its expression is {says} (made by an older "
+                                       "version of this code, or edited): rebuild it with `python prepare_data.py")
+        (tmp_path / f"{name}.txt").write_text("\n".join(data[name]) + "\n")
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -1109,7 +1109,8 @@ DAMAGED = [
      ("val_5.txt holds 9 lines, not the 10 that its meta.json names: rebuild it with", "--overwrite`")),
     ("sample", then(lambda d, r, t: edit_lines(d / "test_4.txt", lambda lines: lines[:1] * 2 + lines[2:]),
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,  # (one sample scored twice)
-     "test_4.txt, line 2: not a sample of the task (its expression is line 1's too): rebuild it with"),
+     "test_4.txt, line 2: its expression is the expression of line 1 of test_4.txt too, so that it counts twice "
+     "(made by an older version of this code, or edited): rebuild it with"),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)),  # (from a backup)
                    lambda d, r, t: tiny_args(d, r, "--max-steps=8", "--resume")), 1,
      "ckpt.pt is of step 3, before the end of the finished run there (step 6, its summary.json): resuming would "
