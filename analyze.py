@@ -199,6 +199,7 @@ def renyi_entropy(Z, alpha=1.0):
 
 
 def cmd_entropy(args):
+    args.out_dir = list({Path(d).resolve(): d for d in args.out_dir}.values())  # (a run given twice: one column)
     loaded = [load(out_dir, args) for out_dir in args.out_dir]
     # NOTE the entropy of T tokens grows with T (at most log(T - 1)), and a language run's windows are at most its
     # block_size: every run is measured over as many tokens, the fewest any of them holds
@@ -384,9 +385,8 @@ def cmd_curves(args):
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}
-    for (regime, router, preset, steps, fields), seeds in groups.items():
-        label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps",
-                                           *(text for _, _, text in fields)) if x)
+    for (regime, router, preset, steps, (_, apart)), seeds in groups.items():
+        label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps", apart) if x)
         common = sorted(set.intersection(*({r["step"] for r in rows if metric in r} for rows in seeds)))
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")

@@ -635,18 +635,21 @@ def load(data_dir, trained_on=None):
     # a scored expression is there once (generate): not twice (a copied line would count twice), not in training, as
     # a sample or as a step of a longer one's solution (data made before generate() saw to it, or edited), where its
     # answer would be learned, not worked out
-    where = {}  # expression -> (split, line) of its first place
-    for name in names:
+    learned = {expr for line in splits["train"] for expr in line.split(" = ")[:-1]}  # (a set: 150k lines)
+    where = {}  # a scored expression -> (split, line) of its first place
+    for name in names[1:]:
         for i, line in enumerate(splits[name]):
-            for expr in line.split(" = ")[:-1] if name == "train" else [line.split(" = ")[0]]:
-                there = where.setdefault(expr, (name, i))
-                if name != "train" and there != (name, i):
-                    what = "a step of the solution" if there[0] == "train" and \
-                        not splits["train"][there[1]].startswith(expr + " = ") else "the expression"
-                    why = "its answer is learned, not worked out" if there[0] == "train" else "it counts twice"
-                    raise DataError(f"{data_dir / name}.txt, line {i + 1}: its expression is {what} of line "
-                                    f"{there[1] + 1} of {there[0]}.txt too, so that {why} (made by an older version "
-                                    f"of this code, or edited): {rebuild}")
+            expr = line.split(" = ")[0]
+            if expr in learned:  # (where in train: looked up only now)
+                where[expr] = next(("train", j) for j, x in enumerate(splits["train"]) if expr in x.split(" = ")[:-1])
+            there = where.setdefault(expr, (name, i))
+            if there != (name, i):
+                what = "a step of the solution" if there[0] == "train" and \
+                    not splits["train"][there[1]].startswith(expr + " = ") else "the expression"
+                why = "its answer is learned, not worked out" if there[0] == "train" else "it counts twice"
+                raise DataError(f"{data_dir / name}.txt, line {i + 1}: its expression is {what} of line "
+                                f"{there[1] + 1} of {there[0]}.txt too, so that {why} (made by an older version "
+                                f"of this code, or edited): {rebuild}")
     # NOTE prepare(overwrite=True) deletes meta.json before it replaces a split and writes it anew last: a meta.json
     # unchanged now means that no split read above was replaced meanwhile (else: some of either data, silently)
     if file_state(data_dir / "meta.json") != seen:

@@ -95,10 +95,11 @@ def snapshot(*roots):
 
 class FileServer:
     """Serves bytes from 127.0.0.1 with HTTP Range (or, with ranges=False, ignoring it, as some servers do) and
-    If-Range against each file's ETag (its content's hash: a file changed in `files` gets another); can cut a file's
-    first response halfway. `headers`: sent with each file, as well as its Content-Length and ETag (None: not sent)."""
+    If-Range against each file's ETag (its content's hash: a file changed in `files` gets another; if_range=False
+    ignores it, as a proxy may); can cut a file's first response halfway. `headers`: sent with each file, as well as
+    its Content-Length and ETag (None: not sent)."""
 
-    def __init__(self, files, cut_once=(), ranges=True, headers=None):
+    def __init__(self, files, cut_once=(), ranges=True, headers=None, if_range=True):
         self.files, self.cut_once, self.requests, self.if_ranges = dict(files), set(cut_once), [], []
         server = self
 
@@ -116,7 +117,7 @@ class FileServer:
                 data = server.files[name]
                 etag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
                 start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1]) if ranges else 0
-                if self.headers.get("If-Range", etag) != etag:  # another version than the client's: all of it
+                if if_range and self.headers.get("If-Range", etag) != etag:  # another version than the client's
                     start = 0
                 self.send_response(206 if start else 200)
                 for key, value in {"Content-Length": str(len(data) - start), "ETag": etag, **(headers or {})}.items():
@@ -145,8 +146,8 @@ class FileServer:
 def serve():
     servers = []
 
-    def start(files, cut_once=(), ranges=True, headers=None):
-        servers.append(FileServer(files, cut_once, ranges, headers))
+    def start(files, cut_once=(), ranges=True, headers=None, if_range=True):
+        servers.append(FileServer(files, cut_once, ranges, headers, if_range))
         return servers[-1]
 
     yield start

@@ -72,6 +72,9 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                 if r.headers.get("Content-Type", "").startswith("text/html"):  # no file of ours is a web page
                     raise DataError(f"{url}: the server sent a web page (Content-Type: {r.headers['Content-Type']}), "
                                     "not the file: a login or proxy page?")
+                if r.status_code == 206 and checked_validator(r.headers) not in ("", validator) and validator:
+                    part.unlink()  # NOTE the rest of another version (a proxy that takes Range, not If-Range)
+                    raise requests.ConnectionError("the file changed on the server since its .part began")
                 if r.status_code != 206:  # the server ignored Range, or the file changed since (If-Range): start again
                     have = 0
                     validator = checked_validator(r.headers)

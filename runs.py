@@ -188,6 +188,9 @@ def resolve(argv, cls, presets, description=None):
     init = None
     if cfg["init_from"] and not resume:  # (with --resume, the run's own --init-from: resume_checkpoint checks it)
         init = init_checkpoint(cfg, given)
+        # what it starts from is part of its setting (a fine-tune of a longer run is another): here, so that --dry-run
+        # (grid.py's check of the runs it keeps) says what config.json will
+        cfg["init_source"] = dict(setting=setting(init["config"]), step=init["step"])
     cfg["out_dir"] = cfg["out_dir"] or f"out/{preset}-{cfg['router']}"
     if init is not None and same_folder(cfg["out_dir"], cfg["init_from"]):  # (--overwrite would clear it)
         raise UsageError(f"--out-dir={cfg['out_dir']} is the run --init-from starts from: give a new folder")
@@ -1037,6 +1040,23 @@ def metric_fault(key, value, diverged=False):
     return None
 
 
+# what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
+# each pretrained seed), how their length was given (in epochs or in steps: max_steps and warmup_steps hold it
+# either way), and where and how each one ran (the same batch in other micro-batches, evaluated more or less often)
+NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "data_dir", "device", "dtype", "compile",
+                   "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
+
+
+def setting(config, aside=frozenset()):
+    """The part of a run's config that is its setting (tables.by_setting): all but NOT_THE_SETTING and `aside`, and
+    whether it starts from a run (which run is not the setting: each seed of a fine-tune starts from its own; whether
+    is)."""
+    out = {k: v for k, v in config.items() if k not in NOT_THE_SETTING | aside}
+    if "init_from" in config and "init_from" not in aside:
+        out["init_from"] = bool(config["init_from"])
+    return out
+
+
 def seed_group(run):
     """(regime, router, preset, steps): what the runs averaged as seeds of one setting share (tables.by_setting
     groups runs by it, and sets apart those that differ in more). `run`: a summary.json, or a config.json (its
@@ -1059,7 +1079,7 @@ def load_data(cfg, with_train=True, new_model=False):
     data = DATASETS[cfg.data](cfg, with_train)
     # NOTE a sample's last token is only learned, so one past the block fits; but not where generation writes it
     # (answers with no end token after them), which would train on it and never score it
-    if data.longest and data.longest > cfg.block_size + (not getattr(data, "last_generated", False)):
+    if data.longest and data.longest > cfg.block_size + (not data.last_generated):
         why = " (its last token, the answer, is generated within the block)" if data.last_generated else ""
         if new_model:
             raise UsageError(f"a sample of {data.longest} tokens does not fit --block-size={cfg.block_size}{why}")

@@ -12,7 +12,7 @@ import re
 import statistics
 
 from cli import DataError, UsageError, is_accuracy, show_value
-from runs import ran_on, seed_group
+from runs import NOT_THE_SETTING, ran_on, seed_group, setting
 
 
 def change(key, value, base):
@@ -21,22 +21,6 @@ def change(key, value, base):
     if is_accuracy(key):
         return f"{100 * (value - base):+.1f} pts"
     return f"{100 * (value - base) / base:+.2f}%" if base else "n/a"
-
-
-# what the runs of one setting may differ in: their seed, the run they start from (--init-from: a fine-tune of
-# each pretrained seed), how their length was given (in epochs or in steps: max_steps and warmup_steps hold it
-# either way), and where and how each one ran (the same batch in other micro-batches, evaluated more or less often)
-NOT_THE_SETTING = {"seed", "init_from", "epochs", "warmup_epochs", "out_dir", "data_dir", "device", "dtype", "compile",
-                   "stop_at", "log_interval", "micro_batch_size", "eval_interval"}
-
-
-def setting(config, aside=frozenset()):
-    """The part of a run's config that is its setting: all but NOT_THE_SETTING and `aside`, and whether it starts
-    from a run (which run is not the setting: each seed of a fine-tune starts from its own; whether is)."""
-    out = {k: v for k, v in config.items() if k not in NOT_THE_SETTING | aside}
-    if "init_from" in config and "init_from" not in aside:
-        out["init_from"] = bool(config["init_from"])
-    return out
 
 
 def config_of(record):
@@ -55,26 +39,45 @@ def by_setting(records, items=None):
     """{row: [item, ...]}: the runs (records: their summaries or configs) that a table or a curve averages as the
     seeds of one setting; `items`, one per record, are what it groups (by default the records). A row is the runs'
     seed_group and, where runs of one seed_group differ in more than NOT_THE_SETTING (a depth ablation: n_layer; lr;
-    a pruning), the fields they differ in with this row's values, ((field, value as JSON, value shown), ...): those
-    runs are rows apart, each named by what sets it apart (row_name), never one mean. Runs that differ in nothing (a
-    copy, one seed twice) are an error: their mean would look surer than it is."""
+    a pruning), what sets this row apart: ((place, value as JSON), ...) at every place inside the fields where they
+    differ ('n_layer', 'init_source.setting.max_steps', 'prunings.0.top_p'), and its name, unique in the seed_group
+    (row_name shows it). Runs of other rows are never one mean. Runs that differ in nothing (a copy, one seed twice)
+    are an error: their mean would look surer than it is."""
     records = list(records)
     settings = [setting(config_of(r)) for r in records]
     keys = [seed_group(r) for r in records]
-
-    def value(s, field):  # as JSON (a field an older run's config lacks: "", a row of its own where others differ)
-        return json.dumps(s[field], sort_keys=True) if field in s else ""
-    shows = {}  # seed_group -> {field apart: {value: how its row's name shows it}}
+    apart = {}  # seed_group -> the fields in which its runs differ
     for key in dict.fromkeys(keys):
         ours = [s for k, s in zip(keys, settings) if k == key]
-        for f in dict.fromkeys(f for s in ours for f in s):
-            values = {value(s, f): s.get(f, ABSENT) for s in ours}
-            if len([v for v in values if v]) > 1:  # (between runs that hold it: an older run differs in nothing)
-                shows.setdefault(key, {})[f] = {v: shown_apart(f, x, [y for y in values.values() if y != x])
-                                                for v, x in values.items()}
+        # NOTE a field an older run's config lacks counts as None (not set: prunings, init_source), and differs only
+        # where two runs that hold it differ (a flag added since: its runs differ in nothing known)
+        apart[key] = [f for f in dict.fromkeys(f for s in ours for f in s)
+                      if len({json.dumps(s[f], sort_keys=True) for s in ours if f in s}) > 1]
+    places = [dict(leaf for f in apart[key] for leaf in leaves(s.get(f), f)) for s, key in zip(settings, keys)]
+    names = {}  # (seed_group, its places' values as JSON) -> the row's name
+    for key in apart:
+        held = {json.dumps(at, sort_keys=True): s for k, s, at in zip(keys, settings, places) if k == key}
+        shows = {h: [] for h in held}
+        for f in apart[key]:  # each field whole where that tells the rows apart, else at each place it differs
+            whole = {h: f"{f} {shown(s.get(f), 40)}" for h, s in held.items()}
+            if len(set(whole.values())) < len({json.dumps(s.get(f), sort_keys=True) for s in held.values()}):
+                at = {h: dict(leaves(s.get(f), f)) for h, s in held.items()}
+                differ = [p for p in dict.fromkeys(p for a in at.values() for p in a)
+                          if len({repr(a.get(p, ABSENT)) for a in at.values()}) > 1]
+                whole = {h: ", ".join(f"{p} {shown(at[h].get(p, ABSENT), 40)}" for p in differ) for h in held}
+            for h in held:
+                shows[h].append(whole[h])
+        for h, parts in shows.items():
+            names[key, h] = ", ".join(parts[:3]) + (f", +{len(parts) - 3} more" if len(parts) > 3 else "")
+        texts = [names[key, h] for h in held]
+        for i, h in enumerate(held):  # (cut short, two names may read alike: numbered, then)
+            if texts.count(texts[i]) > 1:
+                names[key, h] += f" #{i + 1}"
     groups, seen = {}, set()
-    for record, s, key, item in zip(records, settings, keys, records if items is None else items):
-        row = (*key, tuple((f, value(s, f), texts[value(s, f)]) for f, texts in shows.get(key, {}).items()))
+    for record, key, at, item in zip(records, keys, places, records if items is None else items):
+        held = json.dumps(at, sort_keys=True)
+        values = tuple((p, json.dumps(v, sort_keys=True)) for p, v in at.items())
+        row = (*key, (values, names[key, held]))
         if "seed" in record and (row, record["seed"]) in seen:
             raise UsageError(f"two of these runs are seed {record['seed']} of router {row_name(row, [row])}"
                              f"{', ' + key[0] if key[0] else ''}: a mean over seeds takes each seed once")
@@ -83,17 +86,16 @@ def by_setting(records, items=None):
     return groups
 
 
-def shown_apart(field, value, others):
-    """How a row's name shows the value of a field its runs differ in from other runs (row_name): 'lr 0.001'; inside
-    dicts, at the first place where it differs from another value ('init_source.setting.max_steps 8')."""
-    other = next((y for y in others if y is not ABSENT), others[0])
-    while isinstance(value, dict) and isinstance(other, dict):
-        inner = next(k for k in sorted(value.keys() | other.keys()) if value.get(k, ABSENT) != other.get(k, ABSENT))
-        field, value, other = f"{field}.{inner}", value.get(inner, ABSENT), other.get(inner, ABSENT)
-    return f"{field} {shown(value, 40)}"
+def leaves(value, place):
+    """(place, value) at every end of a value, inside dicts and lists: ('init_source.setting.max_steps', 8)."""
+    if isinstance(value, (dict, list)) and value:
+        for k, x in value.items() if isinstance(value, dict) else enumerate(value):
+            yield from leaves(x, f"{place}.{k}")
+    else:
+        yield place, value
 
 
-ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a key one dict has and the other not
+ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a place one row's value has and another not
 
 
 def shown(value, most=80):
@@ -147,7 +149,7 @@ def results_table(summaries, split="test"):
         cells = [regime, row_name((regime, router, *rest), rows), str(len(runs))]
         for m, (mu, sd) in zip(metrics, stats[regime, router, *rest]):
             cells.append(f"{mu:.{digits[m]}f}" + (f" ± {sd:.{digits[m]}f}" if len(runs) > 1 else ""))
-        lime = stats.get((regime, "lime", *rest))
+        lime = stats.get(lime_row((regime, router, *rest), rows))
         if ahead:  # the means at the last tier
             cells.append("-" if lime is None or router == "lime" else
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
@@ -155,14 +157,26 @@ def results_table(summaries, split="test"):
     return "\n".join(lines) + unshown_differences(rows) + where_they_ran(summaries)
 
 
+def lime_row(key, rows):
+    """The `lime` row (of by_setting's `rows`) that `key`'s is compared with: of its regime, preset and length, and
+    where by_setting set lime's rows apart, the one of this row's own values there (lime at n_layer 4 and 8, none at
+    4: lime's at 4); None where there is not one such row."""
+    regime, _, preset, steps, _ = key
+    mine = {p: json.dumps(v, sort_keys=True) for f, x in setting(config_of(rows[key][0])).items()
+            for p, v in leaves(x, f)}
+    found = [k for k in rows if k[:4] == (regime, "lime", preset, steps)
+             and all(mine.get(p, "null") == v for p, v in k[4][0])]
+    return found[0] if len(found) == 1 else None
+
+
 def row_name(key, keys):
     """A row's router, with what sets it apart from the other rows of its regime and router: its preset or length
     where they differ, and the fields by_setting found apart: 'lime (preset deep)', 'lime (n_layer 8)'. `key`, each of
     `keys`: a row of by_setting."""
-    regime, router, preset, steps, fields = key
+    regime, router, preset, steps, (_, name) = key
     twins = [k for k in keys if k[:2] == (regime, router)]
     apart = [name for i, name in ((2, f"preset {preset}"), (3, f"{steps} steps")) if len({k[i] for k in twins}) > 1]
-    apart += [text for _, _, text in fields]
+    apart += [name] if name else []
     return f"{router} ({', '.join(apart)})" if apart else router
 
 
@@ -174,10 +188,11 @@ def unshown_differences(rows):
     grid.py gives each) may differ between them, and the table compares routers within a regime only."""
     aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
     regimes, named = {}, {}
-    for (regime, router, preset, steps, fields), runs in rows.items():
+    for (regime, router, preset, steps, (values, _)), runs in rows.items():
         regimes.setdefault(regime, []).append((router, dict(setting(config_of(runs[0]), aside), preset=preset,
                                                             steps=steps)))
-        named[regime] = named.get(regime, {f for f, _, _ in fields}) & {f for f, _, _ in fields}
+        fields = {p.split(".")[0] for p, _ in values}
+        named[regime] = named.get(regime, fields) & fields
     for regime, settings in regimes.items():  # (what every row's name shows already: n_layer in a depth ablation)
         for _, values in settings:
             for field in named[regime]:

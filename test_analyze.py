@@ -317,8 +317,8 @@ def test_runs_that_differ_in_more_than_their_seed_are_rows_apart(tmp_path, capsy
     summary["seed"], summary["config"]["seed"], summary["config"]["init_from"] = 5, 5, ""
     (scratch / "summary.json").write_text(json.dumps(summary))
     assert list(tables.by_setting([json.loads((tmp_path / "run0" / "summary.json").read_text()), summary])) == [
-        ("", "lime", "tiny", 10, (("init_from", "true", "init_from True"),)),
-        ("", "lime", "tiny", 10, (("init_from", "false", "init_from False"),))]
+        ("", "lime", "tiny", 10, ((("init_from", "true"),), "init_from True")),
+        ("", "lime", "tiny", 10, ((("init_from", "false"),), "init_from False"))]
     for i, n in enumerate((9, 10)):  # seeds that read other shards: the name says where, not all 99 of them
         summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
         summary["config"]["shards"] = {"train": {f"fineweb_train_{j:06d}.bin": 10**8 for j in range(1, n)}}
@@ -335,6 +335,28 @@ def test_runs_that_differ_in_more_than_their_seed_are_rows_apart(tmp_path, capsy
     assert error_of(analyze.main, ["table", dirs[2], dirs[3], str(tmp_path / "copy")], capsys) == \
         "analyze.py: error: two of these runs are seed 2 of router lime (lr 1e-05, n_layer 4): a mean over seeds " \
         "takes each seed once"
+
+
+def test_rows_apart_have_names_of_their_own_and_compare_with_their_own_lime():
+    """Rows set apart by values deep inside a field (fine-tunes of sources that differ in depth and length) are named
+    by every place that differs, never alike (curves keyed by the name dropped one); a baseline row compares with the
+    lime row of its own values; a config from before a field (prunings) holds it as not set, with the unpruned."""
+    def summary(router, seed, ppl, **config):
+        return dict(router=router, preset="tiny", seed=seed, steps=10, val_ppl=ppl,
+                    config=dict(router=router, preset="tiny", seed=seed, max_steps=10, out_dir=f"{router}{seed}",
+                                **config))
+    sources = [dict(setting=dict(n_layer=n, max_steps=m), step=m) for n in (4, 8) for m in (8, 16)]
+    rows = tables.by_setting([summary("lime", i, 2.0 + i, init_source=src) for i, src in enumerate(sources)])
+    names = [tables.row_name(key, list(rows)) for key in rows]
+    assert len(set(names)) == 4 and names[3] == ("lime (init_source.setting.n_layer 8, init_source.setting.max_steps "
+                                                 "16, init_source.step 16)")
+    runs_ = [summary("lime", 1, 2.0, n_layer=4), summary("lime", 2, 3.0, n_layer=8), summary("none", 1, 6.0, n_layer=4)]
+    runs_ = [dict(r, acc_6=a, val_loss=1.0) for r, a in zip(runs_, (0.5, 0.6, 0.1))]
+    table = tables.results_table(runs_ + [dict(runs_[2], seed=2, config=dict(runs_[2]["config"], seed=2))])
+    assert "| none | 2 | 1.000 ± 0.000 | 10.0 ± 0.0 | +40.0 |" in table  # against lime at n_layer 4, not 8
+    old, new, pruned = (summary("lime", i, 2.0 + i) for i in range(3))
+    new["config"]["prunings"], pruned["config"]["prunings"] = None, [dict(top_p=0.9, step=5)]
+    assert [len(r) for r in tables.by_setting([old, new, pruned]).values()] == [2, 1]
 
 
 def test_a_table_of_routers_trained_differently_says_how(tmp_path):
@@ -652,8 +674,13 @@ def test_a_pruned_run_and_fine_tunes_of_other_runs_are_rows_apart(answer_dir, an
         train.main(tiny_args(answer_dir, tune, f"--init-from={source}", "--max-steps=2", f"--seed={seed}"))
     assert json.loads((tunes[1] / "config.json").read_text())["init_source"] == dict(
         setting=tables.setting(json.loads((short / "config.json").read_text())), step=2)
+    capsys.readouterr()  # --dry-run says it too (grid.py checks the runs it keeps by it)
+    train.main(tiny_args(answer_dir, tmp_path / "dry", f"--init-from={short}", "--max-steps=2", "--dry-run"))
+    dry = json.loads(capsys.readouterr().out.split("config: ", 1)[1].split("\n")[0])
+    assert dry["init_source"] == json.loads((tunes[1] / "config.json").read_text())["init_source"]
     assert [line.split(" | ")[0] for line in analyze.main(["table", *map(str, tunes)]).splitlines()[2:4]] == [
-        "| lime (init_source.setting.max_steps 8)", "| lime (init_source.setting.max_steps 2)"]
+        "| lime (init_source.setting.max_steps 8, init_source.step 8)",
+        "| lime (init_source.setting.max_steps 2, init_source.step 2)"]
     again = tmp_path / "tune3"  # a fine-tune of another seed of the same setting: one more seed of the row
     shutil.copytree(tunes[1], again)
     summary = json.loads((again / "summary.json").read_text())
@@ -823,4 +850,5 @@ def test_what_the_seeds_of_one_setting_may_differ_in():
     for field in sorted({f.name for f in dataclasses.fields(train.TrainConfig)} - {*may, "seed", "out_dir"} - grouped):
         a, b = (dict(task, train_size=n) for n in (100, 200)) if field == "task" else ("a's", "b's")
         rows = tables.by_setting([{**first, field: a}, {**first, field: b, "seed": 1, "out_dir": "b"}])
-        assert [key[4][0][0] for key in rows] == [field] * 2 and [len(runs) for runs in rows.values()] == [1, 1], field
+        assert [key[4][0][0][0].split(".")[0] for key in rows] == [field] * 2, field
+        assert [len(runs) for runs in rows.values()] == [1, 1], field

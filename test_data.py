@@ -115,6 +115,7 @@ def test_a_part_of_a_file_changed_since_is_started_over(serve, tmp_path, monkeyp
     it kept the first half of the old file and the second half of the new, with exit 0. A .part whose sidecar has no
     validator (a server that sends none, or a .part of the code before) resumes on Range alone, as before."""
     monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 100)  # (a cut keeps the blocks before it)
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     old, new = bytes(range(100)) * 20, bytes(range(99, -1, -1)) * 20  # (of one length: no size tells them apart)
     server, dest = serve({"x.bin": old}, cut_once={"x.bin"}), tmp_path / "x.bin"
     with pytest.raises(DataError):  # (no retries left: what a Ctrl-C leaves too)
@@ -134,6 +135,12 @@ def test_a_part_of_a_file_changed_since_is_started_over(serve, tmp_path, monkeyp
         assert prepare_data.download(f"{server.url}/x.bin", dest, retries=0) is True
         assert dest.read_bytes() == old and server.requests[1] == ("x.bin", "bytes=1000-")
         assert server.if_ranges[1] == (None if headers else etag)
+    # a server (a proxy) that takes Range and not If-Range: the rest of the new file is not kept, it starts over
+    server, dest = serve({"x.bin": old}, cut_once={"x.bin"}, if_range=False), tmp_path / "y.bin"
+    with pytest.raises(DataError):
+        prepare_data.download(f"{server.url}/x.bin", dest, retries=0)
+    server.files["x.bin"] = new
+    assert prepare_data.download(f"{server.url}/x.bin", dest, retries=1) is True and dest.read_bytes() == new
     # a weak ETag never matches in If-Range: Last-Modified stands in for it
     assert prepare_data.checked_validator({"ETag": 'W/"1"', "Last-Modified": "Sun, 29 Nov 2026 02:00:00 GMT"}) == \
         "Sun, 29 Nov 2026 02:00:00 GMT"

@@ -40,7 +40,6 @@ from data import TaskRows, batch_rng, evaluate
 from lime import GPT, GPTConfig
 from methods import parse_router, satisfies
 from pruning import mask_routers, prunable, prunable_forms, prune_routers, pruned_total
-from tables import setting
 
 UNIT = ("in [0, 1)", lambda x: 0 <= x < 1)
 FREE = dict(resume="may change")  # where and how long a session runs: --resume may give it anew
@@ -85,9 +84,9 @@ class TrainConfig(runs.EvalConfig):
     seed: int = option(1337, "seed of the initial weights and the data order", rule=SEED)
     init_from: str = option("", "a run folder: start from the weights in its ckpt.pt (a new run, step 0, "
                                 "fresh optimiser)", path=True)
-    # not flags: with --init-from, the setting of the run it starts from (tables.setting) and its checkpoint's step,
-    # recorded by train.py; and the prunings of analyze.py prune --save, [{"top_p": p, "step": s}, ...]. Each is part
-    # of the run's setting, so that a table never takes two runs that differ in them for two seeds of one
+    # not flags: with --init-from, the setting of the run it starts from (runs.setting) and its checkpoint's step,
+    # recorded as the flags are read (runs.resolve); and the prunings of analyze.py prune --save, [{"top_p": p,
+    # "step": s}, ...]. Each is part of the run's setting: a table never takes two runs that differ in them for seeds
     init_source: dict = None
     prunings: list = None
 
@@ -204,8 +203,6 @@ def train(cfg, run):
     # a task's regime (arithmetic), or the token shards read, go into config.json and every checkpoint: sample,
     # analyze and --resume read them
     cfg.task, cfg.shards = data.regime, data.shards
-    if run.init is not None:
-        cfg.init_source = dict(setting=setting(run.init["config"]), step=run.init["step"])
 
     # model and optimiser
     torch.manual_seed(cfg.seed)
