@@ -38,7 +38,7 @@ from pathlib import Path
 import arithmetic
 from methods import parse_router, router_forms
 from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
-from tables import by_setting, differences, results_table
+from tables import by_setting, differences, results_table, shown
 
 # what a grid's --out-dir that another process holds may be, and what to do
 GRID_THERE = "a grid.py still running there? wait for it to end, or give another --out-dir"
@@ -242,8 +242,8 @@ def check_kept(out, router, seed, task, config, args, command):
         if None not in (kept[k], config[k]) and not of_kind(kept[k], type(config[k])):
             raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
     if other:
-        raise UsageError(f"{out} is {what} of {', '.join(f'{k} {kept[k]!r}' for k in other)}, not "
-                         f"{', '.join(repr(config[k]) for k in other)}: {kept_as}, so give another --out-dir for "
+        raise UsageError(f"{out} is {what} of {', '.join(f'{k} {shown(kept[k])}' for k in other)}, not "
+                         f"{', '.join(shown(config[k]) for k in other)}: {kept_as}, so give another --out-dir for "
                          "other flags")
     if not finished:  # and what only train.py --resume says (a flag a session may not change: --eval-interval, say)
         check_flags(command, resume=True)
