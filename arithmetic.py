@@ -334,9 +334,9 @@ def generate(task, seed, train_size, test_size):
             tries = 0
             while lines[i].split(" = ")[0] in steps:
                 line = task.solution(task.random_expression(again, int(name.split("_")[1])))
-                tries += 1
-                if line.split(" = ")[0] not in seen and line.split(" = ")[0] not in steps:
-                    seen.add(line.split(" = ")[0])
+                expr, tries = line.split(" = ")[0], tries + 1
+                if expr not in seen and expr not in steps:
+                    seen.add(expr)
                     lines[i] = line
                 elif tries > 100 * test_size:
                     raise UsageError(f"{name.replace('_', ' tier ')} has too few expressions that are no step of a "
