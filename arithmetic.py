@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, held_there, hold_folder,
+from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, hold_folder,
                  read_json)
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
@@ -327,21 +327,25 @@ def generate(task, seed, train_size, test_size):
     # NOTE with several tiers, a longer training solution reduces to shorter expressions ('2 + 4 * 1 / 5 = 2 + 4 / 5
     # = ...'): one that is scored would have its whole solution in training. Such a line is drawn again, in its place,
     # from a generator of its own, so that every other line stays what this code made before it looked for them
-    steps = {step for line in out["train"] for step in line.split(" = ")[1:-1]}
-    again = random.Random(f"{seed} again")
+    learned, again = written(out["train"]), random.Random(f"{seed} again")
     for name, lines in out.items():
         for i in range(len(lines)) if name != "train" else ():
             tries = 0
-            while lines[i].split(" = ")[0] in steps:
+            while lines[i].split(" = ")[0] in learned:
                 line = task.solution(task.random_expression(again, int(name.split("_")[1])))
                 expr, tries = line.split(" = ")[0], tries + 1
-                if expr not in seen and expr not in steps:
+                if expr not in seen and expr not in learned:
                     seen.add(expr)
                     lines[i] = line
                 elif tries > 100 * test_size:
                     raise UsageError(f"{name.replace('_', ' tier ')} has too few expressions that are no step of a "
                                      "training solution: lower --test-size or --train-size")
     return out
+
+
+def written(train):
+    """Every expression that training lines write before an answer, each prompt and each step: a set (150k lines)."""
+    return {expr for line in train for expr in line.split(" = ")[:-1]}
 
 
 SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
@@ -471,12 +475,8 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     problem = folder_problem(data_dir)
     if problem:
         raise DataError(f"cannot write {data_dir}: {problem}")
-    while True:
-        made = not data_dir.exists()
-        held = hold_folder(data_dir, "preparing this data?", wait=True)
-        if held_there(held, data_dir):
-            break
-        os.close(held)  # the one waited for removed the folder it made (cut short before it wrote): held, that is gone
+    made = not data_dir.exists()
+    held = hold_folder(data_dir, "preparing this data?", wait=True)
     try:
         prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
     except BaseException:
@@ -635,7 +635,7 @@ def load(data_dir, trained_on=None):
     # a scored expression is there once (generate): not twice (a copied line would count twice), not in training, as
     # a sample or as a step of a longer one's solution (data made before generate() saw to it, or edited), where its
     # answer would be learned, not worked out
-    learned = {expr for line in splits["train"] for expr in line.split(" = ")[:-1]}  # (a set: 150k lines)
+    learned = written(splits["train"])
     where = {}  # a scored expression -> (split, line) of its first place
     for name in names[1:]:
         for i, line in enumerate(splits[name]):

@@ -300,23 +300,30 @@ def hold_folder(folder, whose, wait=False):
     process ends, however it ends (the system lets go of a dead process's flock: none is left behind). Held by
     another, a UsageError that says `whose` it may be; with `wait`, a line that says so, and then the wait until the
     other lets go. Two runs writing one folder would leave a log, a checkpoint and a summary of either."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        if not wait:
-            os.close(fd)
-            raise UsageError(f"{folder} is in use by another process ({whose})") from None
-        print(f"{folder} is in use by another process ({whose}): waiting for it", flush=True)
+    while True:
+        Path(folder).mkdir(parents=True, exist_ok=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:  # (Ctrl-C while waiting)
-            os.close(fd)
-            raise
-    except OSError:  # a file system without locks (some network ones): not held, as before there were any
-        pass
-    return fd
+            fd = os.open(folder, os.O_RDONLY)
+        except FileNotFoundError:  # (removed by its maker since mkdir)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                os.close(fd)
+                raise UsageError(f"{folder} is in use by another process ({whose})") from None
+            print(f"{folder} is in use by another process ({whose}): waiting for it", flush=True)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:  # (Ctrl-C while waiting)
+                os.close(fd)
+                raise
+        except OSError:  # a file system without locks (some network ones): not held, as before there were any
+            pass
+        if held_there(fd, folder):
+            return fd
+        os.close(fd)  # NOTE the one it waited for removed the folder it made (cut short before it wrote): held, that
+        # is gone, and a folder made anew at the path is not held: held again, then
 
 
 def refuse_held(folder, whose):

@@ -16,6 +16,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -488,6 +489,28 @@ def test_a_hold_on_a_folder_removed_or_replaced_meanwhile_holds_nothing_there(tm
         assert not cli.held_there(fd, folder)
         folder.mkdir()
         assert not cli.held_there(fd, folder)
+    finally:
+        os.close(fd)
+
+
+def test_a_hold_waited_for_holds_the_folder_at_its_path_when_the_other_removed_it(tmp_path, capsys):
+    """hold_folder(wait=True) on a folder whose maker removes it as it lets go (cut short before it wrote): the hold
+    came back on the folder gone, and every caller but arithmetic.prepare wrote into a folder made anew, unheld."""
+    folder = tmp_path / "data"
+    other = cli.hold_folder(folder, "a test")
+
+    def stopped():
+        folder.rmdir()
+        os.close(other)
+
+    timer = threading.Timer(0.2, stopped)
+    timer.start()
+    fd = cli.hold_folder(folder, "a test", wait=True)
+    timer.join()
+    try:
+        assert cli.held_there(fd, folder) and "in use by another process (a test): waiting" in capsys.readouterr().out
+        with pytest.raises(cli.UsageError, match="is in use by another process"):  # (and held it is)
+            cli.hold_folder(folder, "a test")
     finally:
         os.close(fd)
 
