@@ -228,7 +228,12 @@ def resolve(argv, cls, presets, description=None):
     if config.batch_size % (config.micro_batch_size * world):
         raise UsageError(f"--batch-size={config.batch_size} is not a multiple of --micro-batch-size="
                          f"{config.micro_batch_size} x {world} processes")
-    pick_device(config.device)
+    try:
+        pick_device(config.device)
+    except UsageError as e:
+        if "device" in given or not resume:
+            raise
+        raise UsageError(f"{e} (the run's, from its config): give --device to resume it on this machine") from None
     if ckpt is not None or not config.epochs > 0:  # a length in epochs is in steps once the data is read
         check_last_step(config)
     return config, ckpt, init, dry_run, seen

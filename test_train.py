@@ -301,6 +301,10 @@ def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     edit_checkpoint(out, lambda ckpt: ckpt["optimizer"].update(state={}))
     assert error_of(train.main, tiny_args(answer_dir, out, "--resume"), capsys, code=1) == \
         f"train.py: error: --resume: {out / 'ckpt.pt'} is damaged: its optimiser state holds no moments, at step 1"
+    edit_checkpoint(out, lambda ckpt: ckpt["config"].update(device="cuda:7"))  # (a run moved from a GPU machine)
+    msg = error_of(train.main, tiny_args(answer_dir, out, "--resume"), capsys)
+    assert msg.startswith("train.py: error: --device=cuda:7: ") and msg.endswith(
+        " (the run's, from its config): give --device to resume it on this machine")
     (out / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert "--resume: " + str(out / "ckpt.pt") + " is not a checkpoint of train.py" in error_of(
         train.main, tiny_args(answer_dir, out, "--resume"), capsys, code=1)
