@@ -59,12 +59,12 @@ def by_setting(records, items=None):
         held = {json.dumps(at, sort_keys=True): s for k, s, at in zip(keys, settings, places) if k == key}
         shows = {h: [] for h in held}
         for f in apart[key]:  # each field whole where that tells the rows apart, else at each place it differs
-            whole = {h: f"{f} {shown(s.get(f), 40)}" for h, s in held.items()}
+            whole = {h: named(f, s.get(f)) for h, s in held.items()}
             if len(set(whole.values())) < len({json.dumps(s.get(f), sort_keys=True) for s in held.values()}):
                 at = {h: dict(leaves(s.get(f), f)) for h, s in held.items()}
                 differ = [p for p in dict.fromkeys(p for a in at.values() for p in a)
                           if len({repr(a.get(p, ABSENT)) for a in at.values()}) > 1]
-                whole = {h: ", ".join(f"{p} {shown(at[h].get(p, ABSENT), 40)}" for p in differ) for h in held}
+                whole = {h: ", ".join(named(p, at[h].get(p, ABSENT)) for p in differ) for h in held}
             for h in held:
                 shows[h].append(whole[h])
         for h, parts in shows.items():
@@ -96,6 +96,11 @@ def leaves(value, place):
 
 
 ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a place one row's value has and another not
+
+
+def named(place, value):
+    """A row's value at one place, as its name shows it: 'n_layer 8'; 'no prunings' where a field is not set (None)."""
+    return f"no {place}" if value is None else f"{place} {shown(value, 40)}"
 
 
 def shown(value, most=80):

@@ -665,9 +665,9 @@ def test_a_pruned_run_and_fine_tunes_of_other_runs_are_rows_apart(answer_dir, an
     assert report["already_pruned"] == already > 0 and "unpruned" not in out and f"NOTE {pruned} was pruned already " \
         f"({already} of 8 weights): the counts above include those, and 'as saved' is that pruned model" in out
     assert [line.split(" | ")[0] for line in analyze.main(["table", str(pruned), str(unpruned)]).splitlines()[2:4]] == \
-        ["| lime (prunings [{'top_p': 0.7, 'step': 6}])", "| lime (prunings None)"]
+        ["| lime (prunings [{'top_p': 0.7, 'step': 6}])", "| lime (no prunings)"]
     assert [label.split(" steps, ")[1] for label in analyze.main(["curves", str(pruned), str(unpruned)])] == [
-        "prunings [{'top_p': 0.7, 'step': 6}]", "prunings None"]
+        "prunings [{'top_p': 0.7, 'step': 6}]", "no prunings"]
     short, tunes = tmp_path / "short", [tmp_path / "tune1", tmp_path / "tune2"]
     train.main(tiny_args(answer_dir, short, "--max-steps=2", "--seed=3"))
     for tune, source, seed in zip(tunes, (unpruned, short), (2, 3)):
