@@ -375,9 +375,12 @@ def folder_problem(path):
 
 def check_a_file(path, then=""):
     """A DataError where `path` exists but is no regular file: a FIFO, whose read would wait for a writer forever, or
-    a folder, which nothing could replace. `then` ends the message: what to do."""
+    a folder, which nothing could replace; or a symbolic link to nothing, which exists() calls missing, and which
+    open() can neither read nor write through. `then` ends the message where it is no link: what to do."""
     if Path(path).exists() and not Path(path).is_file():
         raise DataError(f"{path} is not a file{then}")
+    if Path(path).is_symlink() and not Path(path).exists():
+        raise DataError(f"{path} is a symbolic link to nothing (or back to itself): move it away")
 
 
 def read_json(path, keys=()):

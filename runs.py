@@ -738,9 +738,9 @@ def read_checkpoint(out_dir):
     """<out-dir>/ckpt.pt as a dict with what train.py saves in it; a DataError if it is missing, empty,
     unreadable or not train.py's."""
     path = Path(out_dir) / "ckpt.pt"
+    check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.exists():
         raise DataError(f"no checkpoint at {path}")
-    check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.stat().st_size:
         raise DataError(f"{path} is empty (cut short while it was written?)")
     try:

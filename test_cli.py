@@ -1323,6 +1323,17 @@ DAMAGED = [
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
                                    "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
      "lime-seed1/train.out is not a file but a run's output goes by that name: move it away"),  # (once runs started)
+    ("grid", then(lambda d, r, t: (t / "g" / "int-steps-operands-4-5-6" / "lime-seed1").mkdir(parents=True) or
+                  os.symlink(t / "gone", t / "g" / "int-steps-operands-4-5-6" / "lime-seed1" / "train.out"),
+                  lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
+                                   "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
+     "lime-seed1/train.out is a symbolic link to nothing (or back to itself): move it away"),  # (a traceback once)
+    ("prepare_data", then(lambda d, r, t: os.symlink(t / "gone", t / "input.txt.part"),
+                          lambda d, r, t: ["shakespeare", "--data-dir", str(t), "--url", "http://127.0.0.1:9/x"]), 1,
+     "input.txt.part is a symbolic link to nothing (or back to itself): move it away"),  # (a traceback once)
+    ("analyze", then(lambda d, r, t: (r / "ckpt.pt").unlink() or os.symlink(t / "gone", r / "ckpt.pt"),
+                     lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
+     "ckpt.pt is a symbolic link to nothing (or back to itself): move it away"),  # (not "no checkpoint")
     ("grid", then(lambda d, r, t: write(t / "g" / "int-steps-operands-4-5-6" / "lime-seed1", "not a run"),
                   lambda d, r, t: ["--fields", "int", "--targets", "steps", "--count", "operands", "--tiers",
                                    "4,5,6", "--data-root", str(t / "root"), "--out-dir", str(t / "g")]), 1,
