@@ -340,7 +340,7 @@ def cmd_table(args):
 
 def eval_rows(run_dir):
     """A run's config.json and the evaluations its log.jsonl holds (finished or not)."""
-    config = runs.read_record(run_dir / "config.json")
+    config = runs.read_record(run_dir / "config.json", config=True)
     if not (run_dir / "log.jsonl").exists():
         raise DataError(f"no {run_dir / 'log.jsonl'}: not a run folder, or a run not started yet")
     rows, notice = runs.read_log(run_dir / "log.jsonl")

@@ -997,10 +997,12 @@ def read_summary(run_dir):
     return read_record(path)
 
 
-def read_record(path):
-    """A run's summary.json or config.json, the fields that tables group runs by (seed_group) checked: a
-    DataError naming the file and the field otherwise."""
-    record = read_json(path, keys=("router",))
+def read_record(path, config=False):
+    """A run's summary.json, or with `config` its config.json, the fields that tables group runs by (seed_group)
+    checked: a DataError naming the file and the field otherwise."""
+    # NOTE tables.config_of tells a config from a summary by its out_dir: one without it would read as a summary that
+    # names no setting, and curves would average it with runs of another depth or lr as seeds of one
+    record = read_json(path, keys=("router", "out_dir") if config else ("router",))
     for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
         null = record.get(key) is None and key not in ("router", "config")  # (a router and a config are never null)
         if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0,
@@ -1014,22 +1016,29 @@ def read_record(path):
         seed_group(record)
     except (DataError, ValueError, TypeError, KeyError) as e:
         raise DataError(f"{path} is not what this repo writes: its 'task' ({e})") from None
-    gap = tier_gap(record, record.get("task"))
+    gap = tier_gap(record, record.get("task"), finished=not config)
     if gap:
         raise DataError(f"{path} is not what this repo writes: {gap}")
+    made = record.get("config", {})  # a summary says what its config says (a table row named by one, run as the other)
+    if differ := [k for k in ("router", "seed", "preset") if k in made and k in record and made[k] != record[k]]:
+        raise DataError(f"{path} is not what this repo writes: its {differ[0]!r} is {record[differ[0]]!r}, its "
+                        f"config's {made[differ[0]]!r}")
     return record
 
 
-def tier_gap(metrics, task):
+def tier_gap(metrics, task, finished=False):
     """The accuracy of one tier that a run's metrics (its summary, an evaluation's log row) lack where they hold
     those of its task's other tiers on that split, said ("no 'acc_6', where ...": beside acc_4 and acc_5); None if
     none. Tables and curves compare the tiers that all their runs hold: one missing from one run leaves every run's
-    out."""
+    out. A `finished` run's summary holds the test split's of every tier (else a table shows it as a language run)."""
     tiers = arithmetic.Task.from_meta(task).tiers if task else ()
     for split in ("acc", "val_acc"):
         missing = [f"{split}_{n}" for n in tiers if f"{split}_{n}" not in metrics]
         if missing and len(missing) < len(tiers):  # (none: a validation split that data made before it lacks)
             return f"no {missing[0]!r}, where its task's other tiers have one"
+        if missing and finished and split == "acc":
+            return f"no {missing[0]!r}, where its task has tiers {','.join(map(str, tiers))}: a finished run has the " \
+                   "test split's accuracy of each"
     return None
 
 

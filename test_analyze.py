@@ -433,7 +433,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
         for seed, accs in enumerate(seeds):
             d = tmp_path / f"{router}-{seed}"
             d.mkdir()
-            config = dict(router=router, task=task, seed=seed, preset="arith", max_steps=300)
+            config = dict(out_dir="run", router=router, task=task, seed=seed, preset="arith", max_steps=300)
             (d / "config.json").write_text(json.dumps(config))
             rows = [dict(step=100 * i + 50, loss=2.0) for i in range(3)]  # training rows: not evaluations
             rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_5=1.0, val_acc_6=acc)
@@ -504,7 +504,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     assert "no evaluation with val_acc_7 in all of its 2 run(s)" in error_of(
         analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_7"], capsys, code=1)
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "config.json").write_text(json.dumps(dict(router="lime")))
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime")))
     assert "not a run folder, or a run not started yet" in error_of(analyze.main, ["curves", str(tmp_path / "empty")],
                                                                    capsys, code=1)
 
@@ -518,7 +518,7 @@ def test_the_curves_picture_draws_what_is_printed(tmp_path, monkeypatch):
     for seed, at in accs.items():
         d = tmp_path / "grid" / f"regime{seed}" / f"lime-seed{seed}"
         d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps(dict(router="lime", seed=seed, max_steps=200,
+        (d / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime", seed=seed, max_steps=200,
                                                        eval_interval=200 // len(at))))
         (d / "log.jsonl").write_text("".join(json.dumps(dict(step=step, val_loss=1 - acc, val_acc_4=acc)) + "\n"
                                              for step, acc in at.items()))
@@ -556,7 +556,7 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
         task = dataclasses.asdict(arithmetic.Task(field="mod", count="operators", target="answer", tiers=tiers))
         accs = {f"{prefix}acc_{k}": 0.5 for k in tiers for prefix in ("", "val_")}
         (d / "summary.json").write_text(json.dumps(dict(router="lime", task=task, seed=1, val_ppl=2.0, **accs)))
-        (d / "config.json").write_text(json.dumps(dict(router="lime", task=task, seed=1, max_steps=10)))
+        (d / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime", task=task, seed=1, max_steps=10)))
         (d / "log.jsonl").write_text(json.dumps(dict(step=10, val_loss=1.0, **accs)) + "\n")
         dirs.append(str(d))
     assert "these runs share no tier of test accuracy (theirs: 2,3; 4,5,6)" in error_of(
@@ -570,7 +570,7 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     shutil.copytree(dirs[0], fresh)
     (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n" +  # and pruned (--prune-at 5): no
                                      json.dumps(dict(step=5, router_pruned=3, router_weights=8)) + "\n")  # evaluation
-    (fresh / "config.json").write_text(json.dumps(dict(router="none", task=task, seed=1, max_steps=10)))
+    (fresh / "config.json").write_text(json.dumps(dict(out_dir="run", router="none", task=task, seed=1, max_steps=10)))
     capsys.readouterr()
     assert list(analyze.main(["curves", dirs[1], str(fresh), "--out", str(tmp_path / "c.png")])) == [
         "lime, mod11-answer, tiers 2,3 operators, 10 steps"]
@@ -606,7 +606,7 @@ def test_curves_pair_the_seeds_by_step_not_by_row(tmp_path, capsys, monkeypatch)
     for router, seed, steps in (("lime", 0, (100, 200, 300)), ("lime", 1, (150, 300)), ("none", 0, (100, 200, 300))):
         d = tmp_path / f"{router}-{seed}"
         d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(router=router, seed=seed, max_steps=300)))
+        (d / "config.json").write_text(json.dumps(dict(out_dir="run", router=router, seed=seed, max_steps=300)))
         (d / "log.jsonl").write_text("".join(json.dumps(dict(step=s, val_loss=s / 1000 + seed)) + "\n" for s in steps))
         dirs.append(str(d))
     curves = analyze.main(["curves", *dirs])
@@ -622,7 +622,8 @@ def test_a_folder_of_runs_is_not_taken_for_a_run(tmp_path, capsys):
     regime = tmp_path / "grid" / "int-steps"
     for seed in (1, 2):
         (regime / f"lime-seed{seed}").mkdir(parents=True)
-        (regime / f"lime-seed{seed}" / "config.json").write_text(json.dumps(dict(router="lime", seed=seed)))
+        (regime / f"lime-seed{seed}" / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime",
+                                                                                  seed=seed)))
     for command in ("table", "curves"):
         assert error_of(analyze.main, [command, str(regime)], capsys) == (
             f"analyze.py: error: {regime} holds run folders, not a run: give the runs in it ({regime}/*; for a glob, "

@@ -345,7 +345,7 @@ def test_what_the_output_cannot_encode_prints_escaped(tmp_path, monkeypatch):
     done (train.py's run saved, analyze.py's picture)."""
     run = tmp_path / os.fsdecode(b"run\xff")
     run.mkdir()
-    (run / "config.json").write_text(json.dumps(dict(router="lime")))
+    (run / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime")))
     (run / "log.jsonl").write_text('{"step": 1, "val_loss": 0.5}\n{"step": 2')  # a cut last line: a notice naming it
     out = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", errors="strict"))
@@ -977,6 +977,11 @@ def config_edit(**changes):
                                                                  **changes}))
 
 
+def json_edit(name, change):
+    """The run's `name` (summary.json, config.json) edited by hand: change(its dict) written in its place."""
+    return lambda d, r, t: write(r / name, json.dumps(change(json.loads((r / name).read_text()))))
+
+
 def edit_weight(change):
     """One weight of the run's checkpoint changed: not its values, what kind of tensor holds them."""
     name = "transformer.h.0.mlp.c_fc.weight"
@@ -1246,9 +1251,22 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "acc_4": NaN}'),
                      lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: its 'acc_4' is nan"),
-    ("analyze", then(lambda d, r, t: write(r / "config.json", '{"router": "lime", "task": {"field": "real"}}'),
+    ("analyze", then(lambda d, r, t: write(r / "config.json", '{"out_dir": "run", "router": "lime", "task": '
+                                                              '{"field": "real"}}'),
                      lambda d, r, t: ["curves", str(r)]), 1,
      "config.json is not what this repo writes: its 'task' (--field must be int or mod, got 'real')"),
+    # (each once a table or a curve, exit 0: a config.json without out_dir read as a summary that names no setting,
+    # so averaged with runs of another depth as their seed; an arithmetic run as a language run; a row named by the
+    # summary's router, of a run of the config's)
+    ("analyze", then(json_edit("config.json", lambda c: {k: v for k, v in c.items() if k != "out_dir"}),
+                     lambda d, r, t: ["curves", str(r)]), 1,
+     "config.json is not what this repo writes: it has no 'out_dir'"),
+    ("analyze", then(json_edit("summary.json", lambda s: {k: v for k, v in s.items() if not k.startswith("acc_")}),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     "summary.json is not what this repo writes: no 'acc_4', where its task has tiers 4,5,6: a finished run has the "
+     "test split's accuracy of each"),
+    ("analyze", then(json_edit("summary.json", lambda s: {**s, "router": "none"}), lambda d, r, t: ["table", str(r)]),
+     1, "summary.json is not what this repo writes: its 'router' is 'none', its config's 'lime'"),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", "{}"), lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: it has no 'router'"),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", ""), lambda d, r, t: ["table", str(r)]), 1,

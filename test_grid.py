@@ -91,8 +91,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
                                                       "run is kept, so give another --out-dir for other flags")
     (none / "config.json").write_text(kept)
     summary = json.loads((lime / "summary.json").read_text())
-    (lime / "summary.json").write_text(json.dumps({**summary, "seed": 2}))  # another seed's, copied here
-    assert error_of(grid.main, args, capsys, code=1).endswith(
+    (lime / "summary.json").write_text(json.dumps({**summary, "seed": 2, "config": {**summary["config"], "seed": 2}}))
+    assert error_of(grid.main, args, capsys, code=1).endswith(  # (another seed's, copied here)
         f"{lime / 'summary.json'} is of router lime, seed 2, not of the run its folder is for: move it away")
     shutil.copy(none / "summary.json", lime / "summary.json")
     assert error_of(grid.main, args, capsys, code=1).endswith(
