@@ -204,6 +204,14 @@ def edit_checkpoint(run, edit):
     torch.save(ckpt, run / "ckpt.pt")
 
 
+def edit_settings(run, **changes):
+    """The run's settings changed alike in ckpt.pt and config.json: the run as if it had been trained so (a
+    checkpoint changed alone is of another run than its folder's: sample.py and analyze.py refuse it)."""
+    edit_checkpoint(run, lambda ckpt: ckpt["config"].update(changes))
+    config = Path(run) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **changes}))
+
+
 def read_log(out_dir):
     return [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
 

@@ -1081,9 +1081,21 @@ def seed_group(run):
 
 
 def load_checkpoint(out_dir, device, data_dir=None):
-    """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`."""
-    ckpt = read_checkpoint(out_dir)
-    return saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir).to(device).eval()
+    """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`. A checkpoint
+    of another model or seed than the folder's config.json names is a DataError: a folder of two runs (a ckpt.pt
+    copied in by hand) scored or drawn as the one it names."""
+    ckpt, written = read_checkpoint(out_dir), Path(out_dir) / "config.json"
+    cfg, model = saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir)  # (each checks what it reads)
+    try:  # (none, or damaged: the checkpoint alone says what it is, as --resume takes it)
+        run = read_json(written) if written.exists() else {}
+    except DataError:
+        run = {}
+    other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})" for k in [*GPTConfig.__dataclass_fields__, "seed"]
+             if k in run and k in ckpt["config"] and run[k] != ckpt["config"][k]]
+    if other:
+        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {written} describes: it has "
+                        f"{', '.join(other)}; move the one that is not this run's away")
+    return cfg, model.to(device).eval()
 
 
 def load_data(cfg, with_train=True, new_model=False):

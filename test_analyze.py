@@ -18,7 +18,7 @@ import runs
 import sample
 import tables
 import train
-from conftest import error_of, small_model, snapshot, tiny_args, tokens
+from conftest import edit_settings, error_of, small_model, snapshot, tiny_args, tokens
 from data import write_shard
 
 @pytest.mark.parametrize("mode", ["none", "lime", "first-2"])
@@ -151,9 +151,7 @@ def test_entropy_keeps_runs_of_one_name_and_measures_every_run_over_as_many_toke
     assert set(curves) == {f"lime ({regime}/run) {kind}" for regime in "xy" for kind in ("values", "hidden")}
     longer = tmp_path / "b64"  # the same model, said to take windows of 64 tokens (RoPE is computed: any length)
     shutil.copytree(language_run, longer)
-    ckpt = torch.load(longer / "ckpt.pt", weights_only=False)
-    ckpt["config"]["block_size"] = 64
-    torch.save(ckpt, longer / "ckpt.pt")
+    edit_settings(longer, block_size=64)
     capsys.readouterr()
     analyze.main(["entropy", "--out-dir", str(language_run), str(longer), "--num-seqs", "2"])
     out = capsys.readouterr().out.splitlines()

@@ -35,7 +35,7 @@ import prosqa
 import runs
 import sample
 import train
-from conftest import PRUNABLE, edit_checkpoint, error_of, snapshot, tiny_args
+from conftest import PRUNABLE, edit_checkpoint, edit_settings, error_of, snapshot, tiny_args
 from data import MAGIC, write_shard
 
 
@@ -1066,7 +1066,14 @@ DAMAGED = [
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "val_4.txt, line 1: not a sample of the task (its expression has 59 operators, not 3 as in meta.json's tier 4 "
      "operands): rebuild it with `python prepare_data.py arithmetic --data-dir "),  # (not a sample of 122 tokens)
-    ("sample", then(hand_edit(block_size=16), lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
+    # another run's checkpoint in the folder (copied in by hand): once scored and drawn, exit 0, as the run it is not
+    ("sample", then(hand_edit(seed=7), lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
+     ("ckpt.pt is not of the run that ", "config.json describes: it has seed 7 (config.json: 1337); move the one that "
+      "is not this run's away")),
+    ("analyze", then(hand_edit(seed=7), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
+     "config.json describes: it has seed 7 (config.json: 1337)"),
+    ("sample", then(lambda d, r, t: edit_settings(r, block_size=16),
+                    lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
                    lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),

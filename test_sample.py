@@ -21,7 +21,7 @@ import prosqa
 import runs
 import sample
 from generation import generate
-from conftest import edit_checkpoint, error_of, prosqa_files, small_encoding, snapshot
+from conftest import edit_checkpoint, edit_settings, error_of, prosqa_files, small_encoding, snapshot
 from data import write_shard
 
 def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
@@ -162,7 +162,7 @@ def test_a_block_one_token_shorter_than_the_longest_sample_scores_it(arith_run, 
         runs.load_data(cfg, with_train=False)
     summary = json.loads((run / "summary.json").read_text())
     for block in (longest - 1, longest - 2):
-        edit_checkpoint(run, lambda ckpt: ckpt["config"].update(block_size=block))
+        edit_settings(run, block_size=block)
         if block == longest - 1:
             metrics = sample.main(["--out-dir", str(run), "--eval"])
             # the accuracies to the bit; the loss to float rounding: a shorter block is another matmul shape, which
