@@ -49,7 +49,7 @@ def write_shard(path, tokens):
 def check_shard(path):
     """The tokens of `path`, counted: DataError unless it has a valid header and exactly the tokens it announces,
     at least one."""
-    name = Path(path).name.removesuffix(".part")
+    name = Path(path).with_name(Path(path).name.removesuffix(".part"))  # (a download's .part: the shard it becomes)
     if Path(path).exists() and not Path(path).is_file():  # a FIFO, whose open would wait for a writer forever
         raise DataError(f"{name}: not a file")
     try:

@@ -54,6 +54,7 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
     # the sidecar: the URL, then the validator (ETag or Last-Modified) of the file the .part is the start of, if any
     was, _, validator = (source.read_text(errors="replace") if source.exists() else "an unknown URL").partition("\n")
     if part.exists() and was != url:
+        was = was if was.isprintable() else repr(was[:80])  # (a damaged sidecar's bytes: not to the terminal)
         print(f"{part.name}: of {was}, not {url}: downloading it from its first byte", file=sys.stderr)
         part.unlink()  # its rest would be of another file
     made = not dest.parent.exists()  # (made here, it goes again with a download that fails its check)

@@ -92,6 +92,13 @@ def test_a_part_of_another_url_is_started_over(serve, tmp_path, capsys, monkeypa
         "it from its first byte\n"
     assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "shakespeare_train_000000.bin",
                                                         "shakespeare_val_000000.bin"]  # (nothing of the .part left)
+    other = tmp_path / "t"  # a sidecar of bytes (damaged): shown as a repr, not sent to the terminal as they are
+    other.mkdir()
+    (other / "input.txt.part").write_bytes(a[:100])
+    (other / "input.txt.part.url").write_bytes(b"\x1b[2J\x00 junk")
+    prepare_data.main(["shakespeare", "--data-dir", str(other), "--url", f"{server.url}/b.txt"])
+    assert capsys.readouterr().err == f"input.txt.part: of '\\x1b[2J\\x00 junk', not {server.url}/b.txt: " \
+        "downloading it from its first byte\n" and (other / "input.txt").read_bytes() == b
 
 
 def test_an_overwrite_cut_short_resumes_its_part(serve, tmp_path, monkeypatch):
@@ -197,7 +204,8 @@ def test_corrupt_shard_is_reported_and_not_kept(serve, tmp_path, capsys, bad, me
     server = serve(files)
     args = ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path), "--base-url", server.url]
     err = error_of(prepare_data.main, args, capsys, code=1)
-    assert message in err and err.startswith("prepare_data.py: error: finewebedu_train_000001.bin: ")  # (not .part)
+    assert message in err and err.startswith(
+        f"prepare_data.py: error: {tmp_path / 'finewebedu_train_000001.bin'}: ")  # (where: not .part)
     assert not (tmp_path / "finewebedu_train_000001.bin").exists()
     assert not (tmp_path / "finewebedu_train_000001.bin.part").exists()
     assert (tmp_path / "finewebedu_val_000000.bin").exists()  # the good file before it stays
@@ -351,7 +359,7 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path, monkeypatch)
     monkeypatch.setattr("data.open", denied, raising=False)  # (data.py's own open)
     with pytest.raises(DataError) as e:
         TokenData(cfg)
-    assert str(e.value) == f"x_val_000000.bin: cannot be read ({os.strerror(errno.EACCES)})"
+    assert str(e.value) == f"{tmp_path / 'x_val_000000.bin'}: cannot be read ({os.strerror(errno.EACCES)})"
 
 
 def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
