@@ -78,6 +78,8 @@ def main(script, argv, cls, presets, train, description=None):
             where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else \
                 f" --data-dir {shlex.quote(str(cfg.data_dir))}"
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
+            if any(Path(cfg.data_dir).glob("*.bin")):  # (shards there are kept as they are: only --overwrite remakes)
+                how = f"; if it is damaged, prepare it anew with `python prepare_data.py {cfg.data}{where} --overwrite`"
         # data to download: the preset that needs none, unless it is the one running, or the data is generated
         offline = "" if cfg.preset == "tiny" or cfg.data == "arithmetic" else \
             " (the offline --preset=tiny needs no download)"

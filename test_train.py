@@ -323,6 +323,12 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch
     msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={tmp_path / 'nothing'}",
                                 f"--out-dir={tmp_path / 'run'}"], capsys, code=1)  # no advice to run what runs
     assert msg.endswith(f"; prepare it with `python prepare_data.py shakespeare --data-dir {tmp_path / 'nothing'}`")
+    half = tmp_path / "half"  # shards there: prepare_data.py keeps them as they are, so the advice is --overwrite
+    write_shard(half / "shakespeare_train_000000.bin", list(range(100)))
+    msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={half}",
+                                f"--out-dir={tmp_path / 'run'}"], capsys, code=1)
+    assert msg.endswith(f"no val shards in {half}; if it is damaged, prepare it anew with `python prepare_data.py "
+                        f"shakespeare --data-dir {half} --overwrite`")
     assert not (tmp_path / "run").exists()
 
 
