@@ -347,6 +347,9 @@ def eval_rows(run_dir):
     if notice:
         print(notice)
     rows = [r for r in rows if "val_loss" in r]
+    if not rows and (run_dir / "summary.json").exists():  # (not a run yet to evaluate, left out of the curves)
+        raise DataError(f"{run_dir / 'log.jsonl'} holds no evaluation, but the run has finished (summary.json): "
+                        "its log is damaged")
     for r in rows:
         if gap := runs.tier_gap(r, config.get("task")):
             raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {gap}")

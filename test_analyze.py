@@ -566,6 +566,7 @@ def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, caps
     assert "share no tier of validation accuracy: give --metric" in error_of(analyze.main, ["curves", *dirs], capsys)
     fresh = tmp_path / "fresh"  # a run that has not evaluated yet (stopped, or still training): left out, with a line
     shutil.copytree(dirs[0], fresh)
+    (fresh / "summary.json").unlink()
     (fresh / "log.jsonl").write_text(json.dumps(dict(step=5, loss=2.0)) + "\n" +  # and pruned (--prune-at 5): no
                                      json.dumps(dict(step=5, router_pruned=3, router_weights=8)) + "\n")  # evaluation
     (fresh / "config.json").write_text(json.dumps(dict(out_dir="run", router="none", task=task, seed=1, max_steps=10)))

@@ -1265,6 +1265,8 @@ DAMAGED = [
     # (each once a table or a curve, exit 0: a config.json without out_dir read as a summary that names no setting,
     # so averaged with runs of another depth as their seed; an arithmetic run as a language run; a row named by the
     # summary's router, of a run of the config's)
+    ("analyze", then(lambda d, r, t: write(r / "log.jsonl", ""), lambda d, r, t: ["curves", str(r), str(r)]), 1,
+     "log.jsonl holds no evaluation, but the run has finished (summary.json): its log is damaged"),  # (not "left out")
     ("analyze", then(json_edit("config.json", lambda c: {k: v for k, v in c.items() if k != "out_dir"}),
                      lambda d, r, t: ["curves", str(r)]), 1,
      "config.json is not what this repo writes: it has no 'out_dir'"),
