@@ -138,11 +138,15 @@ def results_table(summaries, split="test"):
         raise UsageError("--split val: these runs have no validation accuracy (arithmetic data made before "
                          "the validation split existed, or not arithmetic)")
     accuracy = metrics[0] != "val_ppl"
-    if accuracy and all(isinstance(s.get("val_loss"), (int, float)) for s in summaries):
+    losses = sum(isinstance(s.get("val_loss"), (int, float)) for s in summaries)
+    if accuracy and losses == len(summaries):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
+    notes = f"\n\nNOTE no val loss column: {len(summaries) - losses} of these {len(summaries)} runs' summaries " \
+        "have none" if accuracy and 0 < losses < len(summaries) else ""  # (a column gone without a word reads as never measured)
     rows = by_setting(summaries)
+    notes += unshown_differences(rows) + where_they_ran(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
-        return single_run_table(rows, metrics) + unshown_differences(rows) + where_they_ran(summaries)
+        return single_run_table(rows, metrics) + notes
     scale = {m: 100 if is_accuracy(m) else 1 for m in metrics}  # accuracies in %
     digits = {m: 1 if is_accuracy(m) else 3 for m in metrics}
     head = ["regime", "router", "seeds", *(m.replace("val_", "val ") for m in metrics)]
@@ -159,7 +163,7 @@ def results_table(summaries, split="test"):
             cells.append("-" if lime is None or router == "lime" else
                          f"{lime[-1][0] - stats[regime, router, *rest][-1][0]:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + unshown_differences(rows) + where_they_ran(summaries)
+    return "\n".join(lines) + notes
 
 
 def lime_row(key, rows):

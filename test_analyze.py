@@ -239,6 +239,12 @@ def test_ablation_table(tmp_path, capsys):
     # runs whose summaries name no seed (older ones) are not taken for one seed twice: their mean and spread
     assert tables.results_table([dict(router="lime", val_ppl=2.0), dict(router="lime", val_ppl=4.0)]).endswith(
         "| lime | 2 | 3.000 ± 1.414 |")
+    # a val loss in some summaries alone: its column is left out, and a line says why (it left without a word)
+    full, lacking = dict(router="none", acc_4=0.25, val_loss=0.5), dict(router="lime", acc_4=0.5)
+    assert tables.results_table([full, lacking]).startswith("| router | acc_4 | change to lime (acc_4) |") and \
+        tables.results_table([full, lacking]).endswith("\n\nNOTE no val loss column: 1 of these 2 runs' summaries "
+                                                      "have none")
+    assert "NOTE" not in tables.results_table([full, dict(lacking, val_loss=0.25)])
 
 
 def test_table_averages_over_seeds(tmp_path, capsys):
