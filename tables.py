@@ -141,8 +141,9 @@ def results_table(summaries, split="test"):
     losses = sum(isinstance(s.get("val_loss"), (int, float)) for s in summaries)
     if accuracy and losses == len(summaries):
         metrics = ["val_loss", *metrics]  # the loss beside the accuracies: it separates runs that score alike
+    # (a column gone without a word reads as one never measured)
     notes = f"\n\nNOTE no val loss column: {len(summaries) - losses} of these {len(summaries)} runs' summaries " \
-        "have none" if accuracy and 0 < losses < len(summaries) else ""  # (a column gone without a word reads as never measured)
+        "have none" if accuracy and 0 < losses < len(summaries) else ""
     rows = by_setting(summaries)
     notes += unshown_differences(rows) + where_they_ran(summaries)
     if all(len(runs) == 1 for runs in rows.values()) and len({key[0] for key in rows}) == 1:
