@@ -290,6 +290,19 @@ def check_fields(config, name=str):
 # Files
 
 
+def failure(e):
+    """A failed request in a few words: "Failed to resolve 'host' ([Errno -2] Name or service not known)". requests'
+    own text repeats the URL and every layer that wrapped the cause, some 300 characters for a machine offline."""
+    cause = e.args[0] if e.args and isinstance(e.args[0], Exception) else e  # requests wraps urllib3's error
+    cause = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError wraps the cause again
+    texts = [str(a) for a in cause.args if isinstance(a, (str, BaseException)) and str(a)] or [type(cause).__name__]
+    words = []
+    for text in texts:  # 'Connection aborted.' and its cause, each without "HTTPSConnection(host='...', port=443): "
+        text = text.split("): ", 1)[-1]
+        words += [] if any(text in w for w in words) else [text]  # (not a cause its message already names)
+    return " ".join(words)
+
+
 def same_folder(a, b):
     """Whether paths a and b are one folder by any name (a trailing slash, a symlink); False where either is missing."""
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)

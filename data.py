@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from cli import DataError, atomic_write
+from cli import DataError, atomic_write, failure
 from generation import generate
 
 MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
@@ -106,7 +106,8 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken fetches the vocabulary on first use
-        raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {e}") from None
+        raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {failure(e)}") \
+            from None
 
 
 def decode_tokens(enc, ids):

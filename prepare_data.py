@@ -14,8 +14,8 @@ the same arithmetic data; other arithmetic data is refused. --overwrite replaces
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DataError, Parser, UsageError, a_path, atomic_write, check_a_file, folder_problem, hold_folder,
-                 one_line_errors)
+from cli import (DataError, Parser, UsageError, a_path, atomic_write, check_a_file, failure, folder_problem,
+                 hold_folder, one_line_errors)
 
 import os
 import sys
@@ -129,19 +129,6 @@ def append(f, block, part):
     except OSError as e:  # what is in the .part stays: the same command resumes from there
         raise DataError(f"cannot write {part}: {e.strerror}; make room and run the same command again to resume") \
             from None
-
-
-def failure(e):
-    """A failed request in a few words: "Failed to resolve 'host' ([Errno -2] Name or service not known)". requests'
-    own text repeats the URL and every layer that wrapped the cause, some 300 characters for a machine offline."""
-    cause = e.args[0] if e.args and isinstance(e.args[0], Exception) else e  # requests wraps urllib3's error
-    cause = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError wraps the cause again
-    texts = [str(a) for a in cause.args if isinstance(a, (str, BaseException)) and str(a)] or [type(cause).__name__]
-    words = []
-    for text in texts:  # 'Connection aborted.' and its cause, each without "HTTPSConnection(host='...', port=443): "
-        text = text.split("): ", 1)[-1]
-        words += [] if any(text in w for w in words) else [text]  # (not a cause its message already names)
-    return " ".join(words)
 
 
 class Progress:

@@ -16,7 +16,7 @@ import torch
 from urllib3.exceptions import ProtocolError
 
 import prepare_data
-from cli import DataError, hold_folder
+from cli import DataError, failure, hold_folder
 from conftest import error_of, small_encoding, small_model
 from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, greedy_accuracy, load_tokens,
                   write_shard)
@@ -266,9 +266,9 @@ def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkey
     assert not (tmp_path / "new").exists()
     # a connection cut mid-download: the message and its cause; an error that says nothing: its kind
     reset = ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-    assert prepare_data.failure(requests.ConnectionError(ProtocolError("Connection aborted.", reset))) == \
+    assert failure(requests.ConnectionError(ProtocolError("Connection aborted.", reset))) == \
         f"Connection aborted. [Errno {errno.ECONNRESET}] Connection reset by peer"
-    assert prepare_data.failure(requests.ConnectionError(OSError())) == "OSError"
+    assert failure(requests.ConnectionError(OSError())) == "OSError"
 
 
 def test_language_windows_predict_the_next_token(tmp_path):
