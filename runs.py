@@ -467,6 +467,15 @@ class Run:
                 again.append("router_pruned")
             self.rows = [row for row in rows if row["step"] < self.saved_step or
                          row["step"] == self.saved_step and not any(key in row for key in again)]
+            # every evaluation before the checkpoint's step is in the log (one is logged before its checkpoint is
+            # saved): rows gone (a log cut at a line's end by hand or a tool) would leave its curves without them
+            evaluated = {row["step"] for row in self.rows if "val_loss" in row}
+            gone = [s for s in range(cfg.eval_interval, self.saved_step, cfg.eval_interval) if s not in evaluated]
+            if gone:
+                self.notice = "\n".join(filter(None, [self.notice, (
+                    f"NOTE {self.out_dir / 'log.jsonl'} lacks the evaluation of step {gone[0]}"
+                    f"{f' and {len(gone) - 1} more' if len(gone) > 1 else ''}, before the checkpoint's step "
+                    f"{self.saved_step}: its rows were cut away, and its curves will go without them")]))
 
     def say(self, *args, **kwargs):
         if self.master:

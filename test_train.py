@@ -312,6 +312,24 @@ def test_resume_with_an_incompatible_checkpoint(answer_dir, tmp_path, capsys):
     assert all((out / n).read_bytes() == b for n, b in before.items() if n != "ckpt.pt")
 
 
+def test_a_log_cut_at_a_lines_end_is_said_as_the_run_resumes(answer_dir, tmp_path, capsys):
+    """A log.jsonl cut back by whole lines (by hand, or a tool) read as whole: --resume went on without a word, and
+    the evaluations cut away were gone from every curve of the run. It still goes on (they are gone either way),
+    and says so."""
+    out = tmp_path / "run"
+    train.main(tiny_args(answer_dir, out, "--stop-at=8"))
+    (out / "log.jsonl").write_text((out / "log.jsonl").read_text().splitlines(keepends=True)[0])
+    capsys.readouterr()
+    train.main(tiny_args(answer_dir, out, "--resume"))
+    assert f"NOTE {out / 'log.jsonl'} lacks the evaluation of step 6, before the checkpoint's step 8: its rows were " \
+        "cut away, and its curves will go without them\n" in capsys.readouterr().out
+    assert [r["step"] for r in read_log(out) if "val_loss" in r] == [12]
+    train.main(tiny_args(answer_dir, tmp_path / "whole", "--stop-at=8"))
+    capsys.readouterr()
+    train.main(tiny_args(answer_dir, tmp_path / "whole", "--resume"))
+    assert "NOTE" not in capsys.readouterr().out
+
+
 def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the preset's own folder, data/fineweb-edu: the command needs no --data-dir
     msg = error_of(train.main, ["--preset=150m", "--out-dir=run"], capsys, code=1)
