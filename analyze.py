@@ -462,6 +462,7 @@ def cmd_prune(args):
     ckpt = runs.read_checkpoint(args.out_dir)
     cfg = runs.saved_config(ckpt, args.out_dir, args.data_dir)
     model = runs.model_from(ckpt, args.out_dir).to(device).eval()
+    runs.check_of_folder(ckpt, args.out_dir)
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)
     print(f"evaluating {args.out_dir} on {device}, as it is and then pruned ...", flush=True)  # (two evaluations)

@@ -1092,12 +1092,20 @@ def seed_group(run):
 
 
 def load_checkpoint(out_dir, device, data_dir=None):
-    """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`. A checkpoint
-    of another model or seed than the folder's config.json names is a DataError: a folder of two runs (a ckpt.pt
-    copied in by hand) scored or drawn as the one it names."""
-    ckpt, written = read_checkpoint(out_dir), Path(out_dir) / "config.json"
+    """A run's config (saved_config) and its model, rebuilt from that config, in eval mode on `device`."""
+    ckpt = read_checkpoint(out_dir)
     cfg, model = saved_config(ckpt, out_dir, data_dir), model_from(ckpt, out_dir)  # (each checks what it reads)
-    try:  # (none, or damaged: the checkpoint alone says what it is, as --resume takes it)
+    check_of_folder(ckpt, out_dir)
+    return cfg, model.to(device).eval()
+
+
+def check_of_folder(ckpt, out_dir):
+    """A DataError where the checkpoint read from out_dir is of another model or seed than the folder's config.json
+    names: a folder of two runs (a ckpt.pt copied in by hand), which would be scored, drawn or pruned as the one it
+    names. Nothing to compare with where config.json is missing or damaged: the checkpoint says what it is, as
+    --resume takes it."""
+    written = Path(out_dir) / "config.json"
+    try:
         run = read_json(written) if written.exists() else {}
     except DataError:
         run = {}
@@ -1106,7 +1114,6 @@ def load_checkpoint(out_dir, device, data_dir=None):
     if other:
         raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {written} describes: it has "
                         f"{', '.join(other)}; move the one that is not this run's away")
-    return cfg, model.to(device).eval()
 
 
 def load_data(cfg, with_train=True, new_model=False):

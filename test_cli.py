@@ -1072,6 +1072,8 @@ DAMAGED = [
       "is not this run's away")),
     ("analyze", then(hand_edit(seed=7), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,
      "config.json describes: it has seed 7 (config.json: 1337)"),
+    ("analyze", then(hand_edit(seed=7), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1,
+     "describes: it has seed 7 (config.json: 1337); move"),  # (not a pruned model saved of the other run)
     ("sample", then(lambda d, r, t: edit_settings(r, block_size=16),
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
