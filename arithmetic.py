@@ -359,6 +359,10 @@ def regime(meta):
     sizes = {k: meta[k] for k in SIZES if k in meta}  # (an old run's: none)
     if sizes and len(sizes) < len(SIZES):  # some, not all: a key lost, and the regime no longer compared at all
         raise DataError(f"it has no {next(k for k in SIZES if k not in sizes)!r}")
+    fields = [f.name for f in dataclasses.fields(Task)]
+    lost = [k for k in fields if k not in meta]
+    if lost and len(lost) < len(fields):  # some, not all (a meta.json from before them has none): one lost would read
+        raise DataError(f"it has no {lost[0]!r}")  # as its default, another regime, whose rebuild replaces this one
     for k, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise DataError(f"its {k!r} is {v!r}, not a whole number")
@@ -581,7 +585,10 @@ def load(data_dir, trained_on=None):
         where = "" if data_dir.resolve() == Path("data/arithmetic").resolve() else where
         raise DataError(f"no arithmetic data in {data_dir}: run `python prepare_data.py arithmetic{where}`")
     seen = file_state(data_dir / "meta.json")  # compared once every split is read: see the end
-    meta = read_json(data_dir / "meta.json", keys=("vocab",))
+    try:
+        meta = read_json(data_dir / "meta.json", keys=("vocab",))
+    except DataError as e:  # (not "prepare it": prepare_data.py keeps a folder of data without --overwrite)
+        raise DataError(f"{e}: {rebuild}") from None
     try:
         task = Task.from_meta(meta)
         have = regime(meta)  # (its seed and sizes are checked there)

@@ -1078,7 +1078,12 @@ DAMAGED = [
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
-                   lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is not valid JSON"),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1, ("meta.json is not valid JSON", " --overwrite` and its "
+                                                                 "flags")),  # (not `prepare it`: refused, as it is)
+    # a field lost: read as its default, another regime, which the advice then rebuilt in place of this one
+    ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({k: v for k, v in json.loads(
+        (d / "meta.json").read_text()).items() if k != "tiers"})), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "meta.json is damaged (it has no 'tiers')"),
     ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({**json.loads((d / "meta.json").read_text()),
                                                                       "seed": "0"})),
                    lambda d, r, t: tiny_args(d, t / "run")), 1, "meta.json is damaged (its 'seed' is '0', not a whole"),
