@@ -420,7 +420,7 @@ def read_log(path, advice=""):
     which is dropped; a line in the middle that is not a row is a DataError, ending with `advice`."""
     check_a_file(path, advice)
     try:
-        lines, rows, notice = Path(path).read_text().splitlines(), [], None
+        lines, rows, notice, evaluated = Path(path).read_text().splitlines(), [], None, set()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path} cannot be read as a log ({e}){advice}") from None
     for i, line in enumerate(lines):
@@ -433,6 +433,13 @@ def read_log(path, advice=""):
                 raise DataError(f"{path}, line {i + 1}: not a row of the log ({line[:40]!r}){advice}") from None
             notice = f"{path}: its last line was cut short, so it is dropped: {line[:40]!r}"
             continue
+        # NOTE steps only go on (a resume rewrites the log up to its checkpoint), and a step is evaluated once: else
+        # rows of another run appended, or a row copied, whose values curves would draw as this run's
+        what = f"step {row['step']} after step {rows[-1]['step']}" if rows and row["step"] < rows[-1]["step"] else \
+            f"a second evaluation of step {row['step']}" if "val_loss" in row and row["step"] in evaluated else None
+        if what:
+            raise DataError(f"{path}, line {i + 1}: {what}: rows of another run, or copied{advice}")
+        evaluated.update([row["step"]] if "val_loss" in row else [])
         rows.append(row)
     return rows, notice
 

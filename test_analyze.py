@@ -443,7 +443,7 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             rows += [dict(step=100 * (i + 1), val_loss=1 - acc, val_acc_4=1.0, val_acc_5=1.0, val_acc_6=acc)
                      for i, acc in enumerate(accs)]
             rows[-1]["val_loss"] = math.nan if (router, seed) == ("none", 1) else rows[-1]["val_loss"]
-            rows += [dict(step=100, val_loss=5.0)] * ((router, seed) == ("lime", 0))  # a step logged twice, damaged
+            rows.sort(key=lambda r: r["step"])
             (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3')  # a cut last line
             dirs.append(str(d))
     curves = analyze.main(["curves", *dirs, dirs[0], "--out", str(tmp_path / "c.png")])  # a run given twice: once
@@ -464,6 +464,16 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             analyze.main(["curves", *dirs, "--rows", rows])
             assert [line.split()[0] for line in capsys.readouterr().out.splitlines() if re.match(" +\\d+ ", line)] \
                 == ["100", "300"] * 2, rows  # val_acc_6, val_loss
+    # a step evaluated twice (a row copied), or steps that go back (another run's rows appended): which row wins
+    # was the last one's, drawn as this run's, exit 0
+    for name, extra, what in (("twice", dict(step=300, val_loss=5.0), "a second evaluation of step 300"),
+                              ("appended", dict(step=50, loss=2.0), "step 50 after step 300")):
+        damaged = tmp_path / name
+        shutil.copytree(dirs[0], damaged)
+        (damaged / "log.jsonl").write_text((tmp_path / "lime-0" / "log.jsonl").read_text().rsplit("\n", 1)[0] + "\n" +
+                                           json.dumps(extra) + "\n")
+        assert error_of(analyze.main, ["curves", str(damaged)], capsys, 1) == f"analyze.py: error: " \
+            f"{damaged / 'log.jsonl'}, line 7: {what}: rows of another run, or copied"
     huge = tmp_path / "huge"  # JSON's integers have no limit; a float does
     shutil.copytree(dirs[0], huge)
     (huge / "log.jsonl").write_text('{"step": 100, "val_loss": 1' + "0" * 400 + '}\n')
