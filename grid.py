@@ -347,7 +347,9 @@ def run_grid(runs, args, extra):
                                          for split, prefix in (("test", ""), ("val", "val_")))
                         print(f"[{done}/{len(runs)}] {label}: {accs} ({(time.time() - t) / 60:.1f} min)", flush=True)
                     else:
-                        lines = (out / "train.out").read_text(errors="replace").strip().splitlines() or ["(no output)"]
+                        with open(out / "train.out", "rb") as f:  # its end only (a run's output of many sessions)
+                            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                            lines = f.read().decode(errors="replace").strip().splitlines() or ["(no output)"]
                         failed.append(label)
                         print(f"[{done}/{len(runs)}] {label}: FAILED, exit {proc.returncode}: {lines[-1]}", flush=True)
         except (KeyboardInterrupt, BrokenPipeError) as e:  # a signal, or what read the grid's output closed it
