@@ -13,14 +13,13 @@ regime in meta.json, with the task's small vocabulary in which every integer is 
 import dataclasses
 import json
 import math
-import os
 import random
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, hold_folder,
+from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, holding,
                  read_json)
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
@@ -479,16 +478,8 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     problem = folder_problem(data_dir)
     if problem:
         raise DataError(f"cannot write {data_dir}: {problem}")
-    made = not data_dir.exists()
-    held = hold_folder(data_dir, "preparing this data?", wait=True)
-    try:
+    with holding(data_dir, "preparing this data?", wait=True):
         prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
-    except BaseException:
-        if made and not any(data_dir.iterdir()):  # (made here for nothing: it goes again)
-            data_dir.rmdir()
-        raise
-    finally:
-        os.close(held)
 
 
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
@@ -587,7 +578,11 @@ def load(data_dir, trained_on=None):
     seen = file_state(data_dir / "meta.json")  # compared once every split is read: see the end
     try:
         meta = read_json(data_dir / "meta.json", keys=("vocab",))
-    except DataError as e:  # (not "prepare it": prepare_data.py keeps a folder of data without --overwrite)
+    except DataError as e:
+        # damaged: rebuild it ("prepare it" is refused in a folder of data); but not a file this user may not read,
+        # whose data may be whole
+        if f"{data_dir / 'meta.json'} cannot be read (" in str(e):
+            raise
         raise DataError(f"{e}: {rebuild}") from None
     try:
         task = Task.from_meta(meta)

@@ -313,7 +313,13 @@ def hold_folder(folder, whose, wait=False):
     process ends, however it ends (the system lets go of a dead process's flock: none is left behind). Held by
     another, a UsageError that says `whose` it may be; with `wait`, a line that says so, and then the wait until the
     other lets go. Two runs writing one folder would leave a log, a checkpoint and a summary of either."""
+    return held_folder(folder, whose, wait)[0]
+
+
+def held_folder(folder, whose, wait=False):
+    """hold_folder's descriptor, and whether this call made the folder."""
     while True:
+        made = not os.path.lexists(folder)
         Path(folder).mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(folder, os.O_RDONLY)
@@ -334,7 +340,7 @@ def hold_folder(folder, whose, wait=False):
         except OSError:  # a file system without locks (some network ones): not held, as before there were any
             pass
         if held_there(fd, folder):
-            return fd
+            return fd, made
         os.close(fd)  # NOTE the one it waited for removed the folder it made (cut short before it wrote): held, that
         # is gone, and a folder made anew at the path is not held: held again, then
 
@@ -346,13 +352,18 @@ def refuse_held(folder, whose):
 
 
 @contextmanager
-def holding(folder, whose):
-    """hold_folder(folder, whose) for the body of a `with`."""
-    fd = hold_folder(folder, whose)
+def holding(folder, whose, wait=False):
+    """hold_folder(folder, whose, wait) for the body of a `with`; a folder it made is removed after it if still empty
+    (made for nothing, a command that failed: it goes again)."""
+    fd, made = held_folder(folder, whose, wait)
     try:
         yield
     finally:
-        os.close(fd)
+        try:
+            if made and os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
+        finally:
+            os.close(fd)
 
 
 def held_there(fd, folder):
@@ -388,8 +399,8 @@ def folder_problem(path):
 
 def check_a_file(path, then=""):
     """A DataError where `path` exists but is no regular file: a FIFO, whose read would wait for a writer forever, or
-    a folder, which nothing could replace; or a symbolic link to nothing, which exists() calls missing, and which
-    open() can neither read nor write through. `then` ends the message where it is no link: what to do."""
+    a folder, which nothing could replace; or a symbolic link to nothing, which exists() calls missing: a read of it
+    fails, and a write goes wherever it points. `then` ends the message where it is no link: what to do."""
     if Path(path).exists() and not Path(path).is_file():
         raise DataError(f"{path} is not a file{then}")
     if Path(path).is_symlink() and not Path(path).exists():

@@ -15,7 +15,7 @@ the same arithmetic data; other arithmetic data is refused. --overwrite replaces
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DataError, Parser, UsageError, a_path, atomic_write, check_a_file, failure, folder_problem,
-                 hold_folder, one_line_errors)
+                 holding, one_line_errors)
 
 import os
 import sys
@@ -321,20 +321,14 @@ def main(argv=None):
             except DataError as e:
                 raise UsageError(str(e)) from None
         if args.name != "arithmetic":  # (arithmetic.prepare holds it itself)
-            made = not os.path.exists(data_dir)
-            held = hold_folder(data_dir, "a prepare_data.py preparing it? wait for it to end, or give another "
-                                         "--data-dir")  # (two at once: each renamed or resumed the other's .part)
-            try:
+            # (two at once: each renamed or resumed the other's .part)
+            with holding(data_dir, "a prepare_data.py preparing it? wait for it to end, or give another --data-dir"):
                 if args.name == "fineweb-edu":
                     prepare_fineweb(data_dir, args.shards, args.base_url or FINEWEB_URL, overwrite=args.overwrite)
                 elif args.name == "prosqa":
                     prepare_prosqa(data_dir, args.base_url or prosqa.URL, overwrite=args.overwrite)
                 else:
                     prepare_shakespeare(data_dir, args.url, overwrite=args.overwrite)
-            finally:
-                if made and not os.listdir(data_dir):  # (made here for nothing: it goes again)
-                    os.rmdir(data_dir)
-                os.close(held)
         else:
             arithmetic.prepare(data_dir, task, args.seed, args.train_size, args.test_size, args.overwrite)
             if args.show > 0:

@@ -78,7 +78,7 @@ def main(script, argv, cls, presets, train, description=None):
             where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else \
                 f" --data-dir {shlex.quote(str(cfg.data_dir))}"
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
-            if any(Path(cfg.data_dir).glob("*.bin")):  # (shards there are kept as they are: only --overwrite remakes)
+            if re.search(r"\.bin\b", str(e)):  # a shard named: prepare_data.py replaces one only with --overwrite
                 how = f"; if it is damaged, prepare it anew with `python prepare_data.py {cfg.data}{where} --overwrite`"
         # data to download: the preset that needs none, unless it is the one running, or the data is generated
         offline = "" if cfg.preset == "tiny" or cfg.data == "arithmetic" else \
@@ -474,10 +474,13 @@ class Run:
                 again.append("router_pruned")
             self.rows = [row for row in rows if row["step"] < self.saved_step or
                          row["step"] == self.saved_step and not any(key in row for key in again)]
-            # every evaluation before the checkpoint's step is in the log (one is logged before its checkpoint is
-            # saved): rows gone (a log cut at a line's end by hand or a tool) would leave its curves without them
+            # every evaluation between the log's first row and the checkpoint's step is in it (one is logged before
+            # its checkpoint is saved): rows gone (a log cut back by whole lines) would leave its curves without them.
+            # (A log may begin later than step 0: prune --save's, or one begun anew after the old was moved away)
             evaluated = {row["step"] for row in self.rows if "val_loss" in row}
-            gone = [s for s in range(cfg.eval_interval, self.saved_step, cfg.eval_interval) if s not in evaluated]
+            first = self.rows[0]["step"] if self.rows else self.saved_step
+            gone = [s for s in range(cfg.eval_interval, self.saved_step, cfg.eval_interval)
+                    if s > first and s not in evaluated]
             if gone:
                 self.notice = "\n".join(filter(None, [self.notice, (
                     f"NOTE {self.out_dir / 'log.jsonl'} lacks the evaluation of step {gone[0]}"

@@ -3,6 +3,7 @@ the files, the rows training reads, and old data folders."""
 
 import contextlib
 import dataclasses
+import errno
 import filecmp
 import json
 import operator
@@ -10,6 +11,7 @@ import os
 import re
 import shlex
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -710,3 +712,24 @@ def test_a_long_text_that_does_not_parse_is_not_echoed_whole():
         with pytest.raises(DataError) as e:
             arithmetic.parse_tree(text)
         assert str(e.value).startswith(start) and str(e.value).endswith("'...") and len(str(e.value)) < 300
+
+
+def test_a_meta_json_this_user_may_not_read_is_not_called_damaged(tmp_path, monkeypatch):
+    """A meta.json that is damaged gets the command that rebuilds the folder (--overwrite); one that this user may not
+    read is not damaged, and --overwrite would replace data that may be whole."""
+    arithmetic.prepare(tmp_path, arithmetic.Task(tiers=(2, 3)), 0, 20, 4)
+    read_bytes = Path.read_bytes
+
+    def denied(path):  # (to root every file is readable: what another user meets, patched)
+        if path.name == "meta.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(DataError) as e:
+        arithmetic.load(tmp_path)
+    assert str(e.value) == f"{tmp_path / 'meta.json'} cannot be read ({os.strerror(errno.EACCES)})"
+    monkeypatch.undo()
+    (tmp_path / "meta.json").write_text("{")
+    with pytest.raises(DataError, match=" --overwrite` and its flags$"):
+        arithmetic.load(tmp_path)

@@ -493,10 +493,9 @@ def test_a_hold_on_a_folder_removed_or_replaced_meanwhile_holds_nothing_there(tm
         os.close(fd)
 
 
-def test_a_hold_waited_for_holds_the_folder_at_its_path_when_the_other_removed_it(tmp_path, capsys):
-    """hold_folder(wait=True) on a folder whose maker removes it as it lets go (cut short before it wrote): the hold
-    came back on the folder gone, and every caller but arithmetic.prepare wrote into a folder made anew, unheld."""
-    folder = tmp_path / "data"
+def held_then_removed(folder):
+    """`folder` made and held as another process would, which removes it and lets go 0.2 s later (its command cut
+    short before it wrote): the timer that does it, started."""
     other = cli.hold_folder(folder, "a test")
 
     def stopped():
@@ -505,6 +504,14 @@ def test_a_hold_waited_for_holds_the_folder_at_its_path_when_the_other_removed_i
 
     timer = threading.Timer(0.2, stopped)
     timer.start()
+    return timer
+
+
+def test_a_hold_waited_for_holds_the_folder_at_its_path_when_the_other_removed_it(tmp_path, capsys):
+    """hold_folder(wait=True) on a folder whose maker removes it as it lets go (cut short before it wrote): the hold
+    came back on the folder gone, and every caller but arithmetic.prepare wrote into a folder made anew, unheld."""
+    folder = tmp_path / "data"
+    timer = held_then_removed(folder)
     fd = cli.hold_folder(folder, "a test", wait=True)
     timer.join()
     try:
@@ -513,6 +520,21 @@ def test_a_hold_waited_for_holds_the_folder_at_its_path_when_the_other_removed_i
             cli.hold_folder(folder, "a test")
     finally:
         os.close(fd)
+
+
+def test_a_folder_held_and_made_for_nothing_goes_again(tmp_path):
+    """holding() removes a folder that it made and that is still empty after it (a command that failed before it
+    wrote), also one made anew after the one it waited for was removed; never one that was there before it."""
+    folder = tmp_path / "data"
+    timer = held_then_removed(folder)
+    with pytest.raises(ZeroDivisionError), cli.holding(folder, "a test", wait=True):
+        1 / 0
+    timer.join()
+    assert not folder.exists()
+    folder.mkdir()  # (the user's own, empty)
+    with pytest.raises(ZeroDivisionError), cli.holding(folder, "a test"):
+        1 / 0
+    assert folder.is_dir()
 
 
 def test_a_folder_to_write_in_needs_both_write_and_search_permission(tmp_path, monkeypatch):

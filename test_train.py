@@ -324,10 +324,13 @@ def test_a_log_cut_at_a_lines_end_is_said_as_the_run_resumes(answer_dir, tmp_pat
     assert f"NOTE {out / 'log.jsonl'} lacks the evaluation of step 6, before the checkpoint's step 8: its rows were " \
         "cut away, and its curves will go without them\n" in capsys.readouterr().out
     assert [r["step"] for r in read_log(out) if "val_loss" in r] == [12]
-    train.main(tiny_args(answer_dir, tmp_path / "whole", "--stop-at=8"))
-    capsys.readouterr()
-    train.main(tiny_args(answer_dir, tmp_path / "whole", "--resume"))
-    assert "NOTE" not in capsys.readouterr().out
+    for name, keep in (("whole", lambda r: True), ("begun later", lambda r: r["step"] >= 7)):  # (prune --save's log
+        run = tmp_path / name  # begins at its checkpoint's step; so does one begun anew, the old moved away)
+        train.main(tiny_args(answer_dir, run, "--stop-at=8"))
+        (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_log(run) if keep(r)))
+        capsys.readouterr()
+        train.main(tiny_args(answer_dir, run, "--resume"))
+        assert "NOTE" not in capsys.readouterr().out
 
 
 def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch):
@@ -341,12 +344,18 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch
     msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={tmp_path / 'nothing'}",
                                 f"--out-dir={tmp_path / 'run'}"], capsys, code=1)  # no advice to run what runs
     assert msg.endswith(f"; prepare it with `python prepare_data.py shakespeare --data-dir {tmp_path / 'nothing'}`")
-    half = tmp_path / "half"  # shards there: prepare_data.py keeps them as they are, so the advice is --overwrite
+    half = tmp_path / "half"  # a shard missing: prepare_data.py makes it
     write_shard(half / "shakespeare_train_000000.bin", list(range(100)))
     msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={half}",
                                 f"--out-dir={tmp_path / 'run'}"], capsys, code=1)
-    assert msg.endswith(f"no val shards in {half}; if it is damaged, prepare it anew with `python prepare_data.py "
-                        f"shakespeare --data-dir {half} --overwrite`")
+    assert msg.endswith(f"no val shards in {half}; prepare it with `python prepare_data.py shakespeare --data-dir "
+                        f"{half}`")
+    (half / "shakespeare_val_000000.bin").write_bytes(b"not a shard")  # damaged: replaced with --overwrite alone
+    msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={half}",
+                                f"--out-dir={tmp_path / 'run'}"], capsys, code=1)
+    assert msg.endswith(f"shakespeare_val_000000.bin: not a token shard (bad magic or version in the header); if it "
+                        f"is damaged, prepare it anew with `python prepare_data.py shakespeare --data-dir {half} "
+                        "--overwrite`")
     assert not (tmp_path / "run").exists()
 
 
