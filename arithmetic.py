@@ -19,8 +19,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import (DataError, UsageError, atomic_write, check_a_file, file_state, folder_problem, holding,
-                 read_json)
+from cli import (DataError, Unreadable, UsageError, atomic_write, check_a_file, file_state, folder_problem,
+                 holding, read_json)
 from data import TaskRows, greedy_accuracy
 from lime import GPTConfig
 
@@ -578,11 +578,9 @@ def load(data_dir, trained_on=None):
     seen = file_state(data_dir / "meta.json")  # compared once every split is read: see the end
     try:
         meta = read_json(data_dir / "meta.json", keys=("vocab",))
-    except DataError as e:
-        # damaged: rebuild it ("prepare it" is refused in a folder of data); but not a file this user may not read,
-        # whose data may be whole
-        if f"{data_dir / 'meta.json'} cannot be read (" in str(e):
-            raise
+    except Unreadable:  # (not damaged: no rebuild, which would replace data that may be whole)
+        raise
+    except DataError as e:  # damaged: rebuild it ("prepare it" is refused in a folder of data)
         raise DataError(f"{e}: {rebuild}") from None
     try:
         task = Task.from_meta(meta)

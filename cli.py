@@ -73,6 +73,10 @@ class DataError(Exception):
     """Something the command reads is missing or broken, a problem the user can fix: one line, exit code 1."""
 
 
+class Unreadable(DataError):
+    """A file that this user may not read, or that a failing disk cannot give: not damaged (it may be whole)."""
+
+
 def default_shown(text, value):
     """Whether --help writes a flag's default after its help text ("[0.9]"): where it has one to show (not None,
     nor "") and the text does not say its own ("(default out/<preset>-<router>)")."""
@@ -417,7 +421,7 @@ def read_json(path, keys=()):
     except FileNotFoundError:
         raise DataError(f"no {path}") from None
     except OSError as e:
-        raise DataError(f"{path} cannot be read ({e.strerror})") from None
+        raise Unreadable(f"{path} cannot be read ({e.strerror})") from None
     except (UnicodeDecodeError, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise DataError(f"{path} is " + ("empty" if path.exists() and not path.stat().st_size else
                                          f"not valid JSON ({str(e).splitlines()[0]})")) from None

@@ -1119,7 +1119,8 @@ def check_of_folder(ckpt, out_dir):
         run = read_json(written) if written.exists() else {}
     except DataError:
         run = {}
-    other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})" for k in [*GPTConfig.__dataclass_fields__, "seed"]
+    other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})"
+             for k in [*(f.name for f in dataclasses.fields(GPTConfig)), "seed"]
              if k in run and k in ckpt["config"] and run[k] != ckpt["config"][k]]
     if other:
         raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {written} describes: it has "
