@@ -309,8 +309,11 @@ def run_folders(paths):
     folders, files = [d for d in paths if not d.is_file()], [d for d in paths if d.is_file()]
     if not folders:
         raise UsageError(f"no run folder among the paths given ({files[0]} is a file)")
-    for f in files:
-        print(f"left out {f}: a file, not a run folder", file=sys.stderr)  # (not into a table sent to a file)
+    if files:  # one line for them all: a glob over runs whose logs sit beside them (out/depth/*.out) finds many
+        more = f" and {len(files) - 2} more" if len(files) > 3 else ""
+        what = "files, not run folders" if len(files) > 1 else "a file, not a run folder"
+        print(f"left out {', '.join(map(str, files[:2] if more else files))}{more}: {what}",
+              file=sys.stderr)  # (not into a table sent to a file)
     # (a grid's run in its first seconds: its train.out, and none of a run's files yet; not a finished one whose
     # config.json is lost, which a table would leave out without a word)
     starting = [d for d in folders if (d / "train.out").exists() and

@@ -989,6 +989,11 @@ def check_config(config, path, cls):
                 isinstance(name, str) and of_kind(n, int) for name, n in found.items())
                 for split, found in values["shards"].items()):
             raise ValueError("not {'train' or 'val': {shard name: tokens}}")
+        where = "prunings: "  # (analyze.py prune --save adds one to those of the run it prunes)
+        if config.get("prunings") is not None and not (isinstance(config["prunings"], list) and all(
+                isinstance(p, dict) and set(p) == {"top_p", "step"} and of_kind(p["top_p"], float) and
+                0 < p["top_p"] <= 1 and of_kind(p["step"], int) and p["step"] >= 0 for p in config["prunings"])):
+            raise ValueError("not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]")
     except (DataError, ValueError, TypeError, KeyError) as e:
         problem = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m[1].replace("-", "_"), str(e))  # cls, Task: flags
         raise DataError(f"{path}: in its saved config, {where}{problem}") from None

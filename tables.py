@@ -212,10 +212,16 @@ def unshown_differences(rows):
         differ = [k for k in dict.fromkeys(k for _, s in settings for k in s)
                   if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
         if differ:
-            values = [f"{k} ({', '.join(f'{router} {s[k]}' for router, s in settings if k in s)})" for k in differ]
+            values = [f"{k} ({', '.join(f'{router} {as_noted(s[k])}' for router, s in settings if k in s)})"
+                      for k in differ]
             which = f" of {regime}" if len(regimes) > 1 else ""
             notes.append(f"\n\nNOTE the rows{which} differ in more than their router: " + "; ".join(values))
     return "".join(notes)
+
+
+def as_noted(value):
+    """A field's value in unshown_differences' NOTE: 'not set' where it is None (no prunings), as a row's name says."""
+    return "not set" if value is None else value
 
 
 def where_they_ran(summaries):

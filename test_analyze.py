@@ -6,6 +6,7 @@ import math
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -426,6 +427,11 @@ def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
     table = tables.results_table([run("lime", "mod", init_from="out/lime-seed1"), run("none", "mod")])
     assert table.endswith("|\n\nNOTE the rows differ in more than their router: init_from (lime True, none False)")
     assert "NOTE" not in tables.results_table([run("lime", "mod", "out/a"), run("none", "mod", "out/b")])
+    pruned = run("lime", "mod")
+    pruned["config"]["prunings"] = [dict(top_p=0.9, step=5)]
+    table = tables.results_table([pruned, {**run("none", "mod"), "config": {**run("none", "mod")["config"],
+                                                                            "prunings": None}}])
+    assert table.endswith("router: prunings (lime [{'top_p': 0.9, 'step': 5}], none not set)")  # as a row's name
 
 
 def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path, capsys):
@@ -509,6 +515,11 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
                           "--out", str(tmp_path / "c.PNG")])  # (a PNG's suffix in capitals: a PNG all the same)
     assert list(next(iter(acc_4.values()))) == ["val_acc_4", "val_loss"]
     assert f"left out {picture}: a file, not a run folder" in capsys.readouterr().err
+    logs = [tmp_path / f"lime-seed{i}.out" for i in range(4)]  # grid.py's train.out, or nohup's, beside the runs
+    for log in logs:
+        log.write_text("step 1\n")
+    assert analyze.run_folders([*dirs[:2], *logs]) == [Path(d).resolve() for d in dirs[:2]]
+    assert capsys.readouterr().err == f"left out {logs[0]}, {logs[1]} and 2 more: files, not run folders\n"
     assert "no run folder among the paths given" in error_of(analyze.main, ["table", str(picture)], capsys, code=2)
     assert error_of(analyze.main, ["table", dirs[0], str(tmp_path / "typo")], capsys) == \
         f"analyze.py: error: no such folder: {tmp_path / 'typo'}"

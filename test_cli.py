@@ -1206,6 +1206,11 @@ DAMAGED = [
      "ckpt.pt: in its saved config, task: it names no tiers"),
     ("analyze", then(hand_edit(micro_batch_size=0), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]),
      1, "ckpt.pt: in its saved config, micro_batch_size must be in 1 .. 2**31 - 1, got 0"),
+    ("analyze", then(hand_edit(prunings="abc"), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu",
+                                                                 "--save", str(t / "pruned")]), 1,  # (not copied on)
+     "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]"),
+    ("train", then(on_the_copy, hand_edit(prunings=[dict(top_p=0.9)]), resume), 1,
+     "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]"),
     ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
      ("--resume: ", "ckpt.pt is not of the run that ", "config.json describes: it has seed 7 (config.json: ")),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"]["transformer.h.0.mlp.c_fc.weight"].fill_(
