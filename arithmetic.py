@@ -11,6 +11,7 @@ regime in meta.json, with the task's small vocabulary in which every integer is 
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -347,6 +348,18 @@ def written(train):
     return {expr for line in train for expr in line.split(" = ")[:-1]}
 
 
+def sha256s(meta, texts):
+    """What meta.json records as 'sha256' (prepare) and load() checks: a sha256 of meta.json's other fields (the regime,
+    the vocabulary), and of each split's text: {'meta.json': hex, 'train.txt': hex, ...}. A line edited, or moved from
+    one split to another of its tier, reads as a sample all the same; only this tells it from what was made."""
+    return {"meta.json": sha256(json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True)),
+            **{f"{name}.txt": sha256(text) for name, text in texts.items()}}
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
 NOT_DATA = " but the data's files go by that name: move it away"  # (check_a_file's end)
 FILES = re.compile(r"(train|(test|val)_\d+)\.txt|meta\.json")  # what a data folder of the task holds
@@ -435,7 +448,7 @@ def holds(data_dir):
     data_dir = Path(data_dir)
     if not (data_dir.is_dir() and any(FILES.fullmatch(p.name) for p in data_dir.iterdir())):
         return None
-    return regime(load(data_dir)[3])
+    return regime(load(data_dir, digests=False)[3])  # (its callers compare every line: edited() says where)
 
 
 def edited(data_dir, task, seed, train_size, test_size):
@@ -522,11 +535,13 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     for stale in there:
         if stale.stem not in data:
             stale.unlink()
+    texts = {name: "\n".join(lines) + "\n" for name, lines in data.items()}
     for name, lines in data.items():
         path = data_dir / f"{name}.txt"
-        atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+        atomic_write(path, lambda f: f.write(texts[name].encode()))
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
     meta = dict(vocab=task.vocab(), **{k: want[k] for k in SIZES}, **dataclasses.asdict(task))
+    meta["sha256"] = sha256s(meta, texts)
     atomic_write(data_dir / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     marker.unlink()
     print(f"{data_dir / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
@@ -554,16 +569,19 @@ class Vocab:
         return " ".join(self.itos[i] if i < len(self.itos) else "<?>" for i in ids)
 
 
-def load(data_dir, trained_on=None):
+def load(data_dir, trained_on=None, digests=True):
     """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task, meta). A folder written
     before the validation split existed has none. trained_on: the regime a run's config names (a dict);
     a folder that holds another is a DataError, not a score on the wrong task. So is a folder that is
     unfinished or damaged: meta.json missing or unreadable, a split missing or empty, a line of another regime
-    than meta.json names (see line_problem)."""
+    than meta.json names (see line_problem); with `digests`, a file that is not what prepare() wrote, as the sha256
+    in meta.json says (a line edited, moved or swapped, which reads as a sample all the same; meta.json edited)."""
     data_dir = Path(data_dir)
     where = f" --data-dir {shlex.quote(str(data_dir))}"
+    # NOTE until meta.json is read, no command makes this folder's regime: the default one with --overwrite, pasted
+    # as it stands, would replace the data with another regime's. So the flags are the user's to give
     rebuild = f"rebuild it with `{command(trained_on, data_dir)} --overwrite`" if trained_on else \
-        f"rebuild it with `python prepare_data.py arithmetic{where} --overwrite` and its flags"  # (until meta.json)
+        f"rebuild it: `python prepare_data.py arithmetic{where}` with the flags that made it, and --overwrite"
     if not (data_dir / "meta.json").exists():
         if (finish := finishing(data_dir)) and (not trained_on or finish == command(trained_on, data_dir)):
             raise DataError(f"{data_dir} was cut short as its data was made: `{finish}` finishes it")
@@ -588,8 +606,16 @@ def load(data_dir, trained_on=None):
         vocab = Vocab(meta["vocab"])
         if vocab.itos != task.vocab():  # a token's id is its place in the task's: another order, another meaning
             raise DataError("its vocabulary is not the task's")
+        recorded = meta.get("sha256")  # (none in a folder made before prepare() recorded them)
+        if not (recorded is None or isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values())):
+            raise DataError(f"its 'sha256' is {recorded!r}")
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
+    recorded = recorded if digests else None
+    if recorded is not None and recorded.get("meta.json") != sha256s(meta, {})["meta.json"]:
+        # NOTE no rebuild: its regime, from which the command would be made, may be what was edited (tiers, seed)
+        raise DataError(f"{data_dir / 'meta.json'} is not the one prepare_data.py wrote with this data (its sha256 "
+                        "says so): edited? Restore it, or make the data anew in a folder of its own")
     if trained_on:
         want = regime(trained_on)
         differ = [k for k in want if k in have and have[k] != want[k]]
@@ -607,7 +633,7 @@ def load(data_dir, trained_on=None):
         names = names[:1 + len(task.tiers)]  # made before the validation split (and the regime's fields) existed
     lines_in = {name: have["train_size"] * len(task.tiers) if name == "train" else have["test_size"]
                 for name in names} if "test_size" in have else {}  # lines per split, where meta.json says (not old)
-    splits = {}
+    splits, shas = {}, {}
     for name in names:
         path = data_dir / f"{name}.txt"
         check_a_file(path, NOT_DATA)  # (a FIFO's size is 0: not "empty")
@@ -615,8 +641,11 @@ def load(data_dir, trained_on=None):
             raise DataError(f"{path} is {'missing' if not path.exists() else 'empty'}: {rebuild}")
         try:
             text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
+        except OSError as e:  # (not damaged: no rebuild, which would replace data that may be whole)
+            raise Unreadable(f"{path} cannot be read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
             raise DataError(f"{path} cannot be read ({e}): {rebuild}") from None
+        shas[f"{name}.txt"] = sha256(text)  # (as read: CRLF ends are read as "\n", and so are the same tokens)
         if not text.endswith("\n"):  # each line ends with one, the last too: a copy or a disk cut it short
             raise DataError(f"{path} is cut short (its last line has no end): {rebuild}")
         splits[name] = text.splitlines()
@@ -654,6 +683,11 @@ def load(data_dir, trained_on=None):
     # unchanged now means that no split read above was replaced meanwhile (else: some of either data, silently)
     if file_state(data_dir / "meta.json") != seen:
         raise DataError(f"{data_dir} changed while it was read (another process preparing it?): give the command again")
+    # last (a folder replaced meanwhile is not edited), what passes every check above, each line a sample of its tier:
+    # a line edited, or moved between splits
+    if changed := next((f for f, sha in shas.items() if recorded is not None and recorded.get(f) != sha), None):
+        raise DataError(f"{data_dir / changed} is not the file prepare_data.py wrote (its sha256 is not the one "
+                        f"meta.json records): a line edited, or moved from another split? {rebuild.capitalize()}")
     return vocab, splits, task, meta
 
 

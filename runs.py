@@ -71,7 +71,9 @@ def main(script, argv, cls, presets, train, description=None):
     def data_hint(e):  # for the data a run reads, how to make it, unless the message says so already
         # (it names the data folder or a file in it: not a run's folder beside it, data/arithmetic-quick-runs)
         named = cfg is not None and re.search(re.escape(str(cfg.data_dir)) + r"(?![\w.-])", str(e))
-        if not named or isinstance(e, OtherShards):  # (shards other than the run read: preparing more made them)
+        # NOTE not for the arithmetic task: arithmetic.load says what to do, with the flags of the folder's regime,
+        # where `prepare_data.py arithmetic` alone would make the default one (refused, or with --overwrite, replacing)
+        if not named or isinstance(e, OtherShards) or cfg.data == "arithmetic":  # (OtherShards: made by preparing)
             return ""
         how = ""
         if "prepare_data.py" not in str(e):
@@ -80,10 +82,8 @@ def main(script, argv, cls, presets, train, description=None):
             how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
             if re.search(r"\.bin\b", str(e)):  # a shard named: prepare_data.py replaces one only with --overwrite
                 how = f"; if it is damaged, prepare it anew with `python prepare_data.py {cfg.data}{where} --overwrite`"
-        # data to download: the preset that needs none, unless it is the one running, or the data is generated
-        offline = "" if cfg.preset == "tiny" or cfg.data == "arithmetic" else \
-            " (the offline --preset=tiny needs no download)"
-        return how + offline
+        # data to download: the preset that needs none, unless it is the one running
+        return how + ("" if cfg.preset == "tiny" else " (the offline --preset=tiny needs no download)")
 
     run = None
 

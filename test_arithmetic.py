@@ -295,10 +295,10 @@ def test_a_preparation_interrupted_as_it_writes_meta_json_is_finished_by_the_sam
     task, whole, folder = arithmetic.Task(tiers=(2, 3)), tmp_path / "whole", tmp_path / "cut"
     arithmetic.prepare(whole, task, 0, 20, 4)
 
-    def interrupted(value):
-        if "vocab" in value:  # (called as meta.json is written; the marker's first)
+    def interrupted(value, **kw):
+        if "sha256" in value:  # (called as meta.json is written; the marker's first, and its digest's)
             raise KeyboardInterrupt
-        return json.dumps(value)
+        return json.dumps(value, **kw)
 
     with monkeypatch.context() as m:
         m.setattr(arithmetic, "json", SimpleNamespace(dumps=interrupted, loads=json.loads))
@@ -509,11 +509,20 @@ def test_data_of_another_range_of_numbers_or_seed_says_so(tmp_path):
      "requires)")])
 def test_a_meta_json_of_another_regime_than_its_lines_is_one_error(tmp_path, task, edit, message):
     """meta.json edited to another target, count or field than its lines hold: training used to score them as that
-    regime, silently (the first step of a solution as its answer; a file of one tier as another)."""
+    regime, silently (the first step of a solution as its answer; a file of one tier as another). Its sha256 says it
+    was edited, with no command to rebuild it: one made of the edited regime would replace the data with another.
+    A meta.json from before the sha256s: each line is found not to be a sample of its regime."""
     arithmetic.prepare(tmp_path, task, seed=0, train_size=20, test_size=3)
     meta = json.loads((tmp_path / "meta.json").read_text())
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, **edit}))
     cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=64, eval_samples=3, preset="arith", task=None)
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, **edit}))
+    for read in (lambda: arithmetic.load(tmp_path), lambda: arithmetic.Data(cfg)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value) == f"{tmp_path / 'meta.json'} is not the one prepare_data.py wrote with this data (its " \
+            "sha256 says so): edited? Restore it, or make the data anew in a folder of its own"
+    old = {k: v for k, v in meta.items() if k != "sha256"}
+    (tmp_path / "meta.json").write_text(json.dumps({**old, **edit}))
     for read in (lambda: arithmetic.load(tmp_path), lambda: arithmetic.Data(cfg)):
         with pytest.raises(DataError) as e:
             read()
@@ -530,8 +539,9 @@ def test_a_meta_json_whose_seed_or_sizes_are_not_whole_numbers_is_damaged(tmp_pa
     (key, value), = edit.items()
     with pytest.raises(DataError) as e:
         arithmetic.load(tmp_path)
-    assert str(e.value).startswith(f"{tmp_path / 'meta.json'} is damaged (its {key!r} is {value!r}, not a whole "
-                                   "number): rebuild it with `python prepare_data.py arithmetic --data-dir ")
+    assert str(e.value) == f"{tmp_path / 'meta.json'} is damaged (its {key!r} is {value!r}, not a whole number): " \
+        f"rebuild it: `python prepare_data.py arithmetic --data-dir {tmp_path}` with the flags that made it, and " \
+        "--overwrite"  # (not a command with --overwrite: pasted, the default regime's would replace the data)
 
 
 def test_a_meta_json_that_lost_one_of_its_sizes_is_damaged(tmp_path):
@@ -718,18 +728,21 @@ def test_a_meta_json_this_user_may_not_read_is_not_called_damaged(tmp_path, monk
     """A meta.json that is damaged gets the command that rebuilds the folder (--overwrite); one that this user may not
     read is not damaged, and --overwrite would replace data that may be whole."""
     arithmetic.prepare(tmp_path, arithmetic.Task(tiers=(2, 3)), 0, 20, 4)
-    read_bytes = Path.read_bytes
 
-    def denied(path):  # (to root every file is readable: what another user meets, patched)
-        if path.name == "meta.json":
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return read_bytes(path)
+    def denied(name, read):  # (to root every file is readable: what another user meets, patched)
+        def reads(path):
+            if path.name == name:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return read(path)
+        return reads
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
-    with pytest.raises(DataError) as e:
-        arithmetic.load(tmp_path)
-    assert str(e.value) == f"{tmp_path / 'meta.json'} cannot be read ({os.strerror(errno.EACCES)})"
+    for name, read in (("meta.json", "read_bytes"), ("val_3.txt", "read_text")):  # a split too
+        with monkeypatch.context() as m:
+            m.setattr(Path, read, denied(name, getattr(Path, read)))
+            with pytest.raises(DataError) as e:
+                arithmetic.load(tmp_path)
+        assert str(e.value) == f"{tmp_path / name} cannot be read ({os.strerror(errno.EACCES)})"
     monkeypatch.undo()
     (tmp_path / "meta.json").write_text("{")
-    with pytest.raises(DataError, match=" --overwrite` and its flags$"):
+    with pytest.raises(DataError, match="` with the flags that made it, and --overwrite$"):
         arithmetic.load(tmp_path)

@@ -1046,6 +1046,13 @@ def edit_lines(path, edit):
     write(path, "".join(edit(Path(path).read_text().splitlines(True))))
 
 
+def swap_first_lines(a, b):
+    """The first lines of two files swapped (of one tier: each still a sample of it)."""
+    first_a, first_b = (Path(p).read_text().splitlines(True)[0] for p in (a, b))
+    edit_lines(a, lambda lines: [first_b, *lines[1:]])
+    edit_lines(b, lambda lines: [first_a, *lines[1:]])
+
+
 NO_TOKENS = struct.pack("<3i", MAGIC, 1, 0).ljust(1024, b"\0")  # a token shard's header announcing 0 tokens
 
 
@@ -1100,8 +1107,8 @@ DAMAGED = [
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
     ("train", then(lambda d, r, t: write(d / "meta.json", '{"vocab": ["<eos>"'),
-                   lambda d, r, t: tiny_args(d, t / "run")), 1, ("meta.json is not valid JSON", " --overwrite` and its "
-                                                                 "flags")),  # (not `prepare it`: refused, as it is)
+                   lambda d, r, t: tiny_args(d, t / "run")), 1,  # (not `prepare it`: refused, as it is; nor the
+     ("meta.json is not valid JSON", "` with the flags that made it, and --overwrite")),  # default regime's command)
     # a field lost: read as its default, another regime, which the advice then rebuilt in place of this one
     ("train", then(lambda d, r, t: write(d / "meta.json", json.dumps({k: v for k, v in json.loads(
         (d / "meta.json").read_text()).items() if k != "tiers"})), lambda d, r, t: tiny_args(d, t / "run")), 1,
@@ -1483,16 +1490,30 @@ DAMAGED = [
     ("sample", then(on_the_copy, lambda d, r, t: write(d / "test_4.txt", (d / "test_4.txt").read_bytes()[:-1]),
                     lambda d, r, t: ["--out-dir", str(r), "--eval"]), 1,
      "test_4.txt is cut short (its last line has no end)"),
-    # a meta.json that names another regime than its lines are: not a run trained and scored on the wrong one
+    # a meta.json that names another regime than its lines are: not a run trained and scored on the wrong one, and
+    # not the command that rebuilds the edited regime (--target answer, --tiers 4,5) in place of the data
     ("train", then(meta_edit(target="answer"), lambda d, r, t: tiny_args(d, t / "run")), 1,
-     ("train.txt, line 1: not a sample of the task (it has 3 '=', where meta.json's target answer writes 1 for its 3 "
-      "operators): rebuild it with `python prepare_data.py arithmetic --data-dir ", "--target answer", "--overwrite`")),
-    ("train", then(meta_edit(count="operators"), lambda d, r, t: tiny_args(d, t / "run")), 1,
+     "meta.json is not the one prepare_data.py wrote with this data (its sha256 says so): edited? Restore it, or make "
+     "the data anew in a folder of its own"),
+    ("sample", then(meta_edit(tiers=[4, 5]), lambda d, r, t: ["--out-dir", str(r), "--data-dir", str(d), "--eval"]), 1,
+     ("is not the one prepare_data.py wrote with this data", "Restore it")),
+    ("train", then(meta_edit(seed=1), lambda d, r, t: tiny_args(d, t / "run")), 1,  # (seed 1's data is other data)
+     ("/meta.json is not the one prepare_data.py wrote", "edited?")),
+    # a meta.json from before the sha256s: its lines found not to be of its regime
+    ("train", then(meta_edit(count="operators", sha256=None), lambda d, r, t: tiny_args(d, t / "run")), 1,
      "train.txt, line 1: not a sample of the task (its expression has 3 operators, not 4 or 5 or 6 as in meta.json's "
      "tiers 4,5,6 operators)"),
-    ("train", then(meta_edit(tiers=[4, 5]), lambda d, r, t: tiny_args(d, t / "run")), 1,
-     "train.txt, line 201: not a sample of the task (its expression has 5 operators, not 3 or 4 as in meta.json's "
-     "tiers 4,5 operands)"),
+    # lines that are samples all the same: swapped between splits of a tier, or edited in train.txt (not solved again)
+    ("train", then(lambda d, r, t: swap_first_lines(d / "val_4.txt", d / "test_4.txt"),
+                   lambda d, r, t: tiny_args(d, t / "run")), 1,
+     ("test_4.txt is not the file prepare_data.py wrote (its sha256 is not the one meta.json records): a line edited, "
+      "or moved from another split? Rebuild it with `python prepare_data.py arithmetic --data-dir ", "--overwrite`")),
+    ("sample", then(lambda d, r, t: swap_first_lines(d / "val_5.txt", d / "test_5.txt"),
+                    lambda d, r, t: ["--out-dir", str(r), "--data-dir", str(d), "--eval"]), 1,
+     "test_5.txt is not the file prepare_data.py wrote"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_lines(d / "train.txt", lambda lines: [
+        re.sub(r"\d+$", lambda m: str((int(m[0]) + 1) % 1000), lines[0].strip()) + "\n", *lines[1:]]), resume), 1,
+     ("train.txt is not the file prepare_data.py wrote (its sha256", "--train-size 100 --test-size 10 --overwrite`")),
     # a scored line's answer edited: solved again, not scored against the wrong answer
     ("train", then(lambda d, r, t: edit_lines(d / "val_5.txt", lambda lines: [
         re.sub(r"\d+$", lambda m: str((int(m[0]) + 1) % 1000), lines[0].strip()) + "\n", *lines[1:]]),
@@ -1545,6 +1566,20 @@ def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run
     messages = message if isinstance(message, tuple) else (message,)
     assert err.startswith(f"{script}.py: error: ") and all(m in err for m in messages), err
     assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+def test_arithmetic_data_is_not_given_the_default_regimes_command(arith_dir, arith_run, tmp_path, capsys,
+                                                                  train_in_this_process):
+    """A run's arithmetic data that cannot be read is not told `prepare it with python prepare_data.py arithmetic`:
+    that makes the default regime, not the folder's (refused there; with --overwrite, in place of its data)."""
+    d, r = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(arith_dir, d)
+    shutil.copytree(arith_run, r)
+    on_the_copy(d, r, tmp_path)
+    (d / "val_4.txt").unlink()
+    (d / "val_4.txt").mkdir()
+    assert error_of(train.main, resume(d, r, tmp_path), capsys, code=1) == \
+        f"train.py: error: {d / 'val_4.txt'} is not a file{arithmetic.NOT_DATA}"
 
 
 def test_a_checkpoint_saved_without_checksums_reads_as_it_is(arith_run, tmp_path):
