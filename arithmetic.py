@@ -348,16 +348,21 @@ def written(train):
     return {expr for line in train for expr in line.split(" = ")[:-1]}
 
 
-def sha256s(meta, texts):
-    """What meta.json records as 'sha256' (prepare) and load() checks: a sha256 of meta.json's other fields (the regime,
-    the vocabulary), and of each split's text: {'meta.json': hex, 'train.txt': hex, ...}. A line edited, or moved from
-    one split to another of its tier, reads as a sample all the same; only this tells it from what was made."""
-    return {"meta.json": sha256(json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True)),
-            **{f"{name}.txt": sha256(text) for name, text in texts.items()}}
+# meta.json's 'sha256', which prepare() writes and load() checks: {'train.txt': hex, 'test_4.txt': hex, ...,
+# 'meta.json': hex}, a sha256 of each split's text and of meta.json's own fields (the regime, the vocabulary, the
+# splits' sha256s). A line edited, or moved from one split to another of its tier, reads as a sample all the same:
+# only this tells it from what was made. And an edited regime is told from damaged lines, so that no advice rebuilds
+# the edited one in place of the data
 
 
 def sha256(text):
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def meta_sha256(meta):
+    """The sha256 of meta.json's fields, all but this one (meta['sha256']['meta.json'])."""
+    return sha256(json.dumps({**meta, "sha256": {k: v for k, v in meta["sha256"].items() if k != "meta.json"}},
+                             sort_keys=True))
 
 
 SIZES = dict(seed=0, train_size=50_000, test_size=1000)  # the generator's, unless told otherwise
@@ -448,7 +453,7 @@ def holds(data_dir):
     data_dir = Path(data_dir)
     if not (data_dir.is_dir() and any(FILES.fullmatch(p.name) for p in data_dir.iterdir())):
         return None
-    return regime(load(data_dir, digests=False)[3])  # (its callers compare every line: edited() says where)
+    return regime(load(data_dir, every_line=False)[3])  # (its callers compare every line: edited() says where)
 
 
 def edited(data_dir, task, seed, train_size, test_size):
@@ -501,6 +506,8 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, or not_ours, below)
         try:
             have = holds(data_dir)
+        except Unreadable:  # (not damaged: --overwrite would replace data that may be whole)
+            raise
         except DataError as e:
             raise UsageError(f"{data_dir} holds arithmetic data that cannot be read ({e}): give another "
                              "--data-dir, or --overwrite to replace it") from None
@@ -541,7 +548,8 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
         atomic_write(path, lambda f: f.write(texts[name].encode()))
         print(f"{path}: {len(lines):,} samples, longest {max(len(l.split()) for l in lines) + 1} tokens")
     meta = dict(vocab=task.vocab(), **{k: want[k] for k in SIZES}, **dataclasses.asdict(task))
-    meta["sha256"] = sha256s(meta, texts)
+    meta["sha256"] = {f"{name}.txt": sha256(text) for name, text in texts.items()}
+    meta["sha256"]["meta.json"] = meta_sha256(meta)
     atomic_write(data_dir / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     marker.unlink()
     print(f"{data_dir / 'meta.json'}: {task.label}, task vocabulary of {len(meta['vocab'])} tokens")
@@ -569,13 +577,13 @@ class Vocab:
         return " ".join(self.itos[i] if i < len(self.itos) else "<?>" for i in ids)
 
 
-def load(data_dir, trained_on=None, digests=True):
+def load(data_dir, trained_on=None, every_line=True):
     """(vocab, {'train': [lines], 'test_4': [...], 'val_4': [...], ...}, task, meta). A folder written
     before the validation split existed has none. trained_on: the regime a run's config names (a dict);
     a folder that holds another is a DataError, not a score on the wrong task. So is a folder that is
     unfinished or damaged: meta.json missing or unreadable, a split missing or empty, a line of another regime
-    than meta.json names (see line_problem); with `digests`, a file that is not what prepare() wrote, as the sha256
-    in meta.json says (a line edited, moved or swapped, which reads as a sample all the same; meta.json edited)."""
+    than meta.json names (see line_problem), meta.json edited, and, with `every_line`, a split that is not the one
+    prepare() wrote, as its sha256 in meta.json says (a line edited or moved, which reads as a sample all the same)."""
     data_dir = Path(data_dir)
     where = f" --data-dir {shlex.quote(str(data_dir))}"
     # NOTE until meta.json is read, no command makes this folder's regime: the default one with --overwrite, pasted
@@ -606,13 +614,10 @@ def load(data_dir, trained_on=None, digests=True):
         vocab = Vocab(meta["vocab"])
         if vocab.itos != task.vocab():  # a token's id is its place in the task's: another order, another meaning
             raise DataError("its vocabulary is not the task's")
-        recorded = meta.get("sha256")  # (none in a folder made before prepare() recorded them)
-        if not (recorded is None or isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values())):
-            raise DataError(f"its 'sha256' is {recorded!r}")
     except (DataError, KeyError, TypeError) as e:
         raise DataError(f"{data_dir / 'meta.json'} is damaged ({e}): {rebuild}") from None
-    recorded = recorded if digests else None
-    if recorded is not None and recorded.get("meta.json") != sha256s(meta, {})["meta.json"]:
+    recorded = meta.get("sha256")  # (none in a folder made before prepare() recorded them)
+    if recorded is not None and not (isinstance(recorded, dict) and recorded.get("meta.json") == meta_sha256(meta)):
         # NOTE no rebuild: its regime, from which the command would be made, may be what was edited (tiers, seed)
         raise DataError(f"{data_dir / 'meta.json'} is not the one prepare_data.py wrote with this data (its sha256 "
                         "says so): edited? Restore it, or make the data anew in a folder of its own")
@@ -685,9 +690,10 @@ def load(data_dir, trained_on=None, digests=True):
         raise DataError(f"{data_dir} changed while it was read (another process preparing it?): give the command again")
     # last (a folder replaced meanwhile is not edited), what passes every check above, each line a sample of its tier:
     # a line edited, or moved between splits
-    if changed := next((f for f, sha in shas.items() if recorded is not None and recorded.get(f) != sha), None):
-        raise DataError(f"{data_dir / changed} is not the file prepare_data.py wrote (its sha256 is not the one "
-                        f"meta.json records): a line edited, or moved from another split? {rebuild.capitalize()}")
+    changed = [f for f, sha in shas.items() if recorded.get(f) != sha] if every_line and recorded is not None else []
+    if changed:
+        raise DataError(f"{data_dir / changed[0]} is not the file prepare_data.py wrote (its sha256 is not the one "
+                        f"meta.json records: a line edited, or moved from another split): {rebuild}")
     return vocab, splits, task, meta
 
 

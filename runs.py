@@ -989,7 +989,7 @@ def check_config(config, path, cls):
                 isinstance(name, str) and of_kind(n, int) for name, n in found.items())
                 for split, found in values["shards"].items()):
             raise ValueError("not {'train' or 'val': {shard name: tokens}}")
-        where = "prunings: "  # (analyze.py prune --save adds one to those of the run it prunes)
+        where = "prunings: "  # (of config, not values: no field of EvalConfig, and analyze.py prune --save adds one)
         if config.get("prunings") is not None and not (isinstance(config["prunings"], list) and all(
                 isinstance(p, dict) and set(p) == {"top_p", "step"} and of_kind(p["top_p"], float) and
                 0 < p["top_p"] <= 1 and of_kind(p["step"], int) and p["step"] >= 0 for p in config["prunings"])):

@@ -220,7 +220,7 @@ def unshown_differences(rows):
 
 
 def as_noted(value):
-    """A field's value in unshown_differences' NOTE: 'not set' where it is None (no prunings), as a row's name says."""
+    """A field's value in unshown_differences' NOTE: 'not set' where it is None (no prunings), not 'None'."""
     return "not set" if value is None else value
 
 
@@ -233,10 +233,13 @@ def where_they_ran(summaries):
     for s in summaries:
         sessions = s.get("sessions") if isinstance(s.get("sessions"), list) else []
         path, last = [], None  # each change of device kind or dtype: "cuda bfloat16", "cpu float32 from step 34000"
+        prunings = config_of(s).get("prunings")
+        saved_at = [p.get("step") for p in prunings if isinstance(p, dict)] if isinstance(prunings, list) else []
         for x in (x for x in sessions if isinstance(x, dict)):
             kind = ran_on(x)
-            if last is None and x.get("step") != 0:
-                path.append("not recorded")  # (not "ran as its first recorded session did from the start")
+            if last is None and x.get("step") != 0:  # (not "ran as its first recorded session did from the start")
+                # a model of analyze.py prune --save: its steps before the pruning are the pruned run's, logged there
+                path.append("in the run it was pruned from" if x.get("step") in saved_at else "not recorded")
             if kind != last:
                 path.append(kind if not path else f"{kind} from step {x.get('step')}")
                 last = kind

@@ -404,6 +404,9 @@ def test_a_table_of_runs_that_ran_in_other_precisions_says_which():
                                                   "float32 from step 4 (lime seed 2)")  # one run, two precisions
     late = run("lime", 2, (4, "cpu", "float32"))  # its first sessions not recorded (begun before, or its log moved)
     assert tables.results_table([*alike, late]).endswith("; not recorded, then cpu float32 from step 4 (lime seed 2)")
+    pruned = {**late, "config": dict(out_dir="p", prunings=[dict(top_p=0.9, step=4)])}  # (analyze.py prune --save)
+    assert tables.results_table([*alike, pruned]).endswith("; in the run it was pruned from, then cpu float32 from "
+                                                           "step 4 (lime seed 2)")
 
 
 def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():

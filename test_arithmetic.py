@@ -714,6 +714,43 @@ def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys, task, 
     assert snapshot(folder) == before
 
 
+def test_meta_json_holds_the_sha256_of_what_prepare_wrote(tmp_path):
+    """Lines that read as samples all the same (moved between splits of a tier) are not what prepare() wrote: the
+    split is named, with the command that rebuilds it (the path as it is, capitals too). meta.json's own sha256 covers
+    its regime and the splits' sha256s: one edited there blames meta.json, with no command, and prepare_data.py
+    refuses it too. CRLF line ends read as the same text: the same data."""
+    folder = tmp_path / "My Data"
+    arithmetic.prepare(folder, arithmetic.Task(tiers=(2,)), 0, 20, 4)
+    made = snapshot(folder)
+    first = [(folder / f"{split}_2.txt").read_text().splitlines(True) for split in ("val", "test")]
+    (folder / "val_2.txt").write_text("".join([first[1][0], *first[0][1:]]))
+    (folder / "test_2.txt").write_text("".join([first[0][0], *first[1][1:]]))
+    with pytest.raises(DataError) as e:
+        arithmetic.load(folder)
+    assert str(e.value) == f"{folder / 'test_2.txt'} is not the file prepare_data.py wrote (its sha256 is not the " \
+        "one meta.json records: a line edited, or moved from another split): rebuild it with `python prepare_data.py " \
+        f"arithmetic --data-dir '{folder}' --field int --count operands --tiers 2 --target steps --train-size 20 " \
+        "--test-size 4 --overwrite`"
+    prepare_data.main(shlex.split(str(e.value).split("`")[1])[2:])
+    assert snapshot(folder) == made
+    meta = json.loads((folder / "meta.json").read_text())
+    edited = "meta.json is not the one prepare_data.py wrote with this data (its sha256 says so): edited? " \
+        "Restore it, or make the data anew in a folder of its own"
+    for sha in ({**meta["sha256"], "train.txt": "0" * 64}, list(meta["sha256"].values())):  # (not train.txt blamed)
+        (folder / "meta.json").write_text(json.dumps({**meta, "sha256": sha}))
+        with pytest.raises(DataError) as e:
+            arithmetic.load(folder)
+        assert str(e.value) == f"{folder / edited}"
+    (folder / "meta.json").write_text(json.dumps({**meta, "note": "mine"}))  # (the regime as it was)
+    with pytest.raises(UsageError, match=re.escape(f"{edited}): give another --data-dir, or --overwrite")):
+        arithmetic.prepare(folder, arithmetic.Task(tiers=(2,)), 0, 20, 4)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    for split in folder.glob("*.txt"):
+        split.write_bytes(split.read_bytes().replace(b"\n", b"\r\n"))
+    assert arithmetic.load(folder)[1] == {name: lines for name, lines in arithmetic.generate(
+        arithmetic.Task(tiers=(2,)), 0, 20, 4).items()}
+
+
 def test_a_long_text_that_does_not_parse_is_not_echoed_whole():
     """A --start FILE: of megabytes: its line says where, in 200 characters, not the whole text."""
     for text, start in (("1 + " * 100_000, "expected a number, got 'end of input' in '1 + 1 + "),
@@ -737,11 +774,12 @@ def test_a_meta_json_this_user_may_not_read_is_not_called_damaged(tmp_path, monk
         return reads
 
     for name, read in (("meta.json", "read_bytes"), ("val_3.txt", "read_text")):  # a split too
-        with monkeypatch.context() as m:
-            m.setattr(Path, read, denied(name, getattr(Path, read)))
-            with pytest.raises(DataError) as e:
-                arithmetic.load(tmp_path)
-        assert str(e.value) == f"{tmp_path / name} cannot be read ({os.strerror(errno.EACCES)})"
+        for reader in (arithmetic.load, lambda d: arithmetic.prepare(d, arithmetic.Task(tiers=(2, 3)), 0, 20, 4)):
+            with monkeypatch.context() as m:
+                m.setattr(Path, read, denied(name, getattr(Path, read)))
+                with pytest.raises(DataError) as e:
+                    reader(tmp_path)
+            assert str(e.value) == f"{tmp_path / name} cannot be read ({os.strerror(errno.EACCES)})"
     monkeypatch.undo()
     (tmp_path / "meta.json").write_text("{")
     with pytest.raises(DataError, match="` with the flags that made it, and --overwrite$"):

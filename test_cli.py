@@ -1506,8 +1506,8 @@ DAMAGED = [
     # lines that are samples all the same: swapped between splits of a tier, or edited in train.txt (not solved again)
     ("train", then(lambda d, r, t: swap_first_lines(d / "val_4.txt", d / "test_4.txt"),
                    lambda d, r, t: tiny_args(d, t / "run")), 1,
-     ("test_4.txt is not the file prepare_data.py wrote (its sha256 is not the one meta.json records): a line edited, "
-      "or moved from another split? Rebuild it with `python prepare_data.py arithmetic --data-dir ", "--overwrite`")),
+     ("test_4.txt is not the file prepare_data.py wrote (its sha256 is not the one meta.json records: a line edited, "
+      "or moved from another split): rebuild it with `python prepare_data.py arithmetic --data-dir ", "--overwrite`")),
     ("sample", then(lambda d, r, t: swap_first_lines(d / "val_5.txt", d / "test_5.txt"),
                     lambda d, r, t: ["--out-dir", str(r), "--data-dir", str(d), "--eval"]), 1,
      "test_5.txt is not the file prepare_data.py wrote"),
