@@ -1216,6 +1216,9 @@ DAMAGED = [
     ("analyze", then(hand_edit(prunings="abc"), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu",
                                                                  "--save", str(t / "pruned")]), 1,  # (not copied on)
      "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]"),
+    ("analyze", then(lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["optimizer"]["state"][0]["exp_avg"].fill_(
+        math.inf)), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu", "--save", str(t / "pruned")]), 1,
+     "ckpt.pt is damaged: its optimiser state holds a value that is not finite, which --save would copy into"),
     ("train", then(on_the_copy, hand_edit(prunings=[dict(top_p=0.9)]), resume), 1,
      "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]"),
     ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
