@@ -467,9 +467,9 @@ def cmd_prune(args):
     model = runs.model_from(ckpt, args.out_dir).to(device).eval()
     runs.check_of_folder(ckpt, args.out_dir)
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
-    state = ckpt["optimizer"].get("state")  # (--save copies it as it is: --resume of the copy would refuse it)
+    state = ckpt["optimizer"].get("state") if save else None  # (--save copies it as it is: --resume would refuse it)
     moments = [t for s in state.values() if isinstance(s, dict) for t in s.values()] if isinstance(state, dict) else []
-    if save and not all(t.isfinite().all() for t in moments if torch.is_tensor(t) and t.is_floating_point()):
+    if not all(t.isfinite().all() for t in moments if torch.is_tensor(t) and t.is_floating_point()):
         raise DataError(f"{Path(args.out_dir) / 'ckpt.pt'} is damaged: its optimiser state holds a value that is not "
                         "finite, which --save would copy into the pruned model")
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)

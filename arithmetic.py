@@ -650,7 +650,8 @@ def load(data_dir, trained_on=None, every_line=True):
             raise Unreadable(f"{path} cannot be read ({e.strerror or e})") from None
         except UnicodeDecodeError as e:
             raise DataError(f"{path} cannot be read ({e}): {rebuild}") from None
-        shas[f"{name}.txt"] = sha256(text)  # (as read: CRLF ends are read as "\n", and so are the same tokens)
+        if every_line and recorded is not None:  # (as read: CRLF ends are read as "\n", and so are the same tokens)
+            shas[f"{name}.txt"] = sha256(text)
         if not text.endswith("\n"):  # each line ends with one, the last too: a copy or a disk cut it short
             raise DataError(f"{path} is cut short (its last line has no end): {rebuild}")
         splits[name] = text.splitlines()
@@ -690,7 +691,7 @@ def load(data_dir, trained_on=None, every_line=True):
         raise DataError(f"{data_dir} changed while it was read (another process preparing it?): give the command again")
     # last (a folder replaced meanwhile is not edited), what passes every check above, each line a sample of its tier:
     # a line edited, or moved between splits
-    changed = [f for f, sha in shas.items() if recorded.get(f) != sha] if every_line and recorded is not None else []
+    changed = [f for f, sha in shas.items() if recorded.get(f) != sha]
     if changed:
         raise DataError(f"{data_dir / changed[0]} is not the file prepare_data.py wrote (its sha256 is not the one "
                         f"meta.json records: a line edited, or moved from another split): {rebuild}")
