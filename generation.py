@@ -51,7 +51,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop=None,
     lengths = torch.full((B,), T) if lengths is None else torch.as_tensor(lengths)
     lengths, start = lengths.to(idx.device), int(lengths.min())
     out = torch.cat([idx, idx.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
-    cache, step, end = KVCache(model.config, T + max_new_tokens), idx[:, :start], start
+    # the last token generated is never fed back: the cache holds the positions before it
+    cache, step, end = KVCache(model.config, max(T + max_new_tokens - 1, 1)), idx[:, :start], start
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     for t in range(start, T + max_new_tokens):
         logits = model(step, cache=cache)[0][:, -1].float()  # (B, vocab)

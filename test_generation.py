@@ -103,8 +103,9 @@ def test_sampling_follows_the_temperature_and_top_k(temperature, top_k):
 
 
 def test_the_cache_holds_the_positions_generate_fills(monkeypatch):
-    """The cache is as long as the prompt and its continuation, not block_size: a model of 32 positions that
-    writes 12 holds 12 of K/V a layer. A cache asked to hold more than it was made for says so."""
+    """The cache holds the positions generate() feeds the model, not block_size: a model of 32 positions that
+    writes 12 feeds it 11 (never the last token) and holds 11 of K/V a layer, every one filled. A cache asked to
+    hold more than it was made for says so."""
     model, made = small_model("lime").eval(), []
 
     def recorded(config, length):
@@ -113,7 +114,9 @@ def test_the_cache_holds_the_positions_generate_fills(monkeypatch):
 
     monkeypatch.setattr(generation, "KVCache", recorded)
     generate(model, tokens(T=4), 8, temperature=0)
-    assert [c.k.shape[-2] for c in made] == [12] and model.config.block_size > 12
+    assert [(c.k.shape[-2], c.pos) for c in made] == [(11, 11)] and model.config.block_size > 12
+    generate(model, tokens(T=4), 8, temperature=0, lengths=[2, 4])  # rows of different lengths: the same positions
+    assert [(c.k.shape[-2], c.pos) for c in made[1:]] == [(11, 11)]
     cache = KVCache(model.config, 5)
     model(tokens(T=5), cache=cache)
     with pytest.raises(ValueError, match="the cache holds 5 positions, not 6"):
