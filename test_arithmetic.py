@@ -697,7 +697,9 @@ def test_tiers_are_distinct_and_operands_within_the_values(fields, message):
     (arithmetic.Task(field="mod", target="answer", tiers=(2,)),
      "--field mod --count operands --tiers 2 --target answer"),
     (arithmetic.Task(max_operand=10, tiers=(2,)),
-     "--field int --count operands --tiers 2 --target steps --max-operand 10 --max-value 999")])
+     "--field int --count operands --tiers 2 --target steps --max-operand 10 --max-value 999"),
+    (arithmetic.Task(field="mod", modulus=13, target="answer", tiers=(2,)),  # (not mod 11's data in its place)
+     "--field mod --count operands --tiers 2 --target answer --modulus 13")])
 def test_the_command_a_damaged_folder_names_rebuilds_it(tmp_path, capsys, task, flags):
     """A split lost: the command in the message is the one that makes the folder's own regime again (from its
     meta.json, not the default regime with "and its flags"), and it runs as pasted, a space in the path too."""
@@ -784,3 +786,51 @@ def test_a_meta_json_this_user_may_not_read_is_not_called_damaged(tmp_path, monk
     (tmp_path / "meta.json").write_text("{")
     with pytest.raises(DataError, match="` with the flags that made it, and --overwrite$"):
         arithmetic.load(tmp_path)
+
+
+def test_a_seed_makes_the_data_this_code_has_always_made_of_it():
+    """prepare_data.py compares a folder's lines with what this code makes of its seed: a generator changed (another
+    draw, another split of a tree, another generator for the lines drawn again) would call every folder made before
+    "edited", and results would be on other data than reported. Pinned: each split's sha256 (as meta.json records it)
+    in int (bottom-up, with scored lines drawn again where they are steps of training) and mod (top-down)."""
+    pinned = {
+        arithmetic.Task(field="int", count="operators", tiers=(1, 2), target="steps"): dict(
+            train="4b399bc0ca636c48", test_1="55191ac4790997a6", test_2="1ef37f6e9a1bc7f1", val_1="d3befa8fb63b77d5",
+            val_2="e4d20e38e9e44131"),
+        arithmetic.Task(field="mod", modulus=13, count="operators", tiers=(2, 3), target="answer"): dict(
+            train="9f1b86911500abc1", test_2="8b7c5b5352106cdf", test_3="7dd5ef593de70aaf", val_2="b6d39470c27c73c8",
+            val_3="9d312f16dc1eaf71")}
+    for task, digests in pinned.items():
+        data = arithmetic.generate(task, seed=0, train_size=300, test_size=50)
+        assert {name: arithmetic.sha256("\n".join(lines) + "\n")[:16] for name, lines in data.items()} == digests
+        if task.field == "int":  # (its 22nd test line, drawn again: '20 + 12' is a step of a training solution)
+            assert data["train"][0] == "14 * 2 = 28" and data["test_1"][21] == "17 + 1 = 18"
+
+
+def test_an_overwrite_cut_short_is_unfinished_and_the_same_command_finishes_it(tmp_path, monkeypatch):
+    """--overwrite removes the old meta.json before it replaces a split: cut short after the first, the folder is
+    unfinished, not the old regime's meta.json over new lines (whose advice would rebuild the old data); a reader is
+    told the command that finishes the new data, and that command, given again, makes it whole."""
+    folder, old, new = tmp_path / "d", arithmetic.Task(tiers=(2, 3)), arithmetic.Task(tiers=(2, 3), target="answer")
+    arithmetic.prepare(tmp_path / "whole", new, 0, 20, 4)
+    arithmetic.prepare(folder, old, 0, 20, 4)
+    atomic_write = arithmetic.atomic_write
+
+    def cut(path, write):  # (a Ctrl-C once train.txt is replaced)
+        if Path(path).name == "test_2.txt":
+            raise KeyboardInterrupt
+        return atomic_write(path, write)
+
+    with monkeypatch.context() as m:
+        m.setattr(arithmetic, "atomic_write", cut)
+        with pytest.raises(KeyboardInterrupt):
+            arithmetic.prepare(folder, new, 0, 20, 4, overwrite=True)
+    assert not (folder / "meta.json").exists()
+    finish = f"python prepare_data.py arithmetic --data-dir {folder} --field int --count operands --tiers 2,3 " \
+        "--target answer --train-size 20 --test-size 4"
+    with pytest.raises(DataError) as e:
+        arithmetic.load(folder)
+    assert str(e.value) == f"{folder} was cut short as its data was made: `{finish}` finishes it"
+    prepare_data.main(shlex.split(finish)[2:])
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}

@@ -191,6 +191,42 @@ def test_a_download_onto_a_full_disk_is_one_line_and_resumes(serve, tmp_path, mo
     assert ("finewebedu_val_000000.bin", "bytes=2500-") in server.requests
 
 
+def test_fineweb_overwrite_downloads_the_shards_again(serve, tmp_path):
+    """--overwrite fetches every shard anew (a new version on the server), not "(already there)" of the old ones."""
+    args = ["fineweb-edu", "--shards", "1", "--data-dir", str(tmp_path)]
+    prepare_data.main(args + ["--base-url", serve(fineweb_files(1)).url])
+    newer = {name: shard_bytes(np.arange(300 + i)) for i, name in enumerate(fineweb_files(1))}
+    server = serve(newer)
+    prepare_data.main(args + ["--base-url", server.url, "--overwrite"])
+    assert sorted(name for name, _ in server.requests) == sorted(newer)
+    assert {name: (tmp_path / name).read_bytes() for name in newer} == newer
+
+
+def test_a_part_that_holds_the_whole_file_is_checked_and_renamed(tmp_path, monkeypatch):
+    """A .part of every byte (cut short after the last came, before it took its name): the server answers its resume,
+    a range past the end, with 416; the .part is the file, checked and renamed, not 'HTTP 416' at every try."""
+    data, asked, checked = bytes(range(200)), [], []
+
+    class Response:
+        def __init__(self, url, headers, **kwargs):
+            asked.append(headers.get("Range"))
+            self.status_code, self.headers = 416, {"Content-Range": f"bytes */{len(data)}"}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    url = "http://example.invalid/x.bin"
+    (tmp_path / "x.bin.part").write_bytes(data)
+    (tmp_path / "x.bin.part.url").write_text(f"{url}\n")
+    monkeypatch.setattr(prepare_data.requests, "get", Response)
+    assert prepare_data.download(url, tmp_path / "x.bin", verify=lambda p: checked.append(p.read_bytes())) is True
+    assert (tmp_path / "x.bin").read_bytes() == data and asked == [f"bytes={len(data)}-"] and checked == [data]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (shard_bytes(range(100), magic=123), "bad magic"),
     (shard_bytes(range(100), count=500), "header announces 500 tokens"),

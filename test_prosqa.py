@@ -146,6 +146,28 @@ def test_a_damaged_prosqa_npz_is_one_line_not_kept_as_there(serve, tmp_path, off
     assert snapshot(tmp_path) == before
 
 
+def test_prosqa_overwrite_downloads_and_tokenises_the_files_again(serve, tmp_path, offline_gpt2):
+    """--overwrite replaces the files made before with the server's (a new version there), the tokens with them: not
+    "(already there)" of the old ones."""
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", serve(prosqa_files()).url])
+    newer = {name: json.dumps(prosqa_records(5, 10 + i)).encode() for i, name in enumerate(prosqa_files())}
+    server = serve(newer)
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url, "--overwrite"])
+    assert sorted(name for name, _ in server.requests) == sorted(newer)
+    for split in prosqa.SPLITS:
+        assert (tmp_path / f"prosqa_{split}.json").read_bytes() == newer[f"prosqa_{split}.json"]
+        assert len(prosqa.load(tmp_path, split, unrecorded_ok=False)[0]) == 5
+
+
+def test_prosqa_tokens_whose_json_was_removed_load(serve, tmp_path, offline_gpt2):
+    """An .npz is compared with the JSON file beside it where there is one: with that file removed since (training
+    reads the tokens alone), it loads as it is, not refused as made from another version."""
+    prepare_data.prepare_prosqa(tmp_path, serve(prosqa_files()).url)
+    rows = prosqa.load(tmp_path, "train")[0]
+    (tmp_path / "prosqa_train.json").unlink()
+    assert [ids.tolist() for ids, _ in prosqa.load(tmp_path, "train")[0]] == [ids.tolist() for ids, _ in rows]
+
+
 @pytest.mark.parametrize("n", [4, 3])  # other questions, as many as before or not
 def test_prosqa_tokens_of_another_json_are_refused_and_made_anew(serve, tmp_path, offline_gpt2, capsys, n):
     """An .npz records the JSON file it was made from: where that file changed since (an edit, a copy), training
