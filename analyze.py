@@ -353,14 +353,12 @@ def eval_rows(run_dir):
     if not rows and (run_dir / "summary.json").exists():  # (not a run yet to evaluate, left out of the curves)
         raise DataError(f"{run_dir / 'log.jsonl'} holds no evaluation, but the run has finished (summary.json): "
                         "its log is damaged")
-    for r in rows:
+    for r in rows:  # (each one's metrics read_log has checked)
         if gap := runs.tier_gap(r, config.get("task")):
             raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {gap}")
-        for key, value in r.items():
-            fault = runs.metric_fault(key, value, diverged=r is rows[-1]) or \
-                (key.startswith("val_") and not runs.of_kind(value, float) and "not a number")  # (a fork's metric)
-            if fault:
-                raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: {key} is {fault} ({value!r})")
+        if runs.of_kind(config.get("max_steps"), int) and r["step"] > config["max_steps"]:
+            raise DataError(f"{run_dir / 'log.jsonl'}, step {r['step']}: past the run's last step (config.json's "
+                            f"max_steps {config['max_steps']}): a row of another run, or copied")
     return config, rows
 
 
@@ -467,9 +465,8 @@ def cmd_prune(args):
     model = runs.model_from(ckpt, args.out_dir).to(device).eval()
     runs.check_of_folder(ckpt, args.out_dir)
     prunable_routers(model)  # a router with nothing to prune is refused before the evaluation
-    state = ckpt["optimizer"].get("state") if save else None  # (--save copies it as it is: --resume would refuse it)
-    moments = [t for s in state.values() if isinstance(s, dict) for t in s.values()] if isinstance(state, dict) else []
-    if not all(t.isfinite().all() for t in moments if torch.is_tensor(t) and t.is_floating_point()):
+    moments = runs.moments(ckpt).values() if save else ()  # (--save copies them as they are: --resume would refuse it)
+    if not all(t.isfinite().all() for t in moments if t.is_floating_point()):
         raise DataError(f"{Path(args.out_dir) / 'ckpt.pt'} is damaged: its optimiser state holds a value that is not "
                         "finite, which --save would copy into the pruned model")
     data, autocast = runs.load_data(cfg, with_train=False), autocast_for(device)

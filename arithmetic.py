@@ -410,6 +410,12 @@ def command(regime, data_dir):
     return "python prepare_data.py arithmetic " + " ".join(flags)
 
 
+def mark_unfinished(data_dir, regime):
+    """The marker prepare() leaves while it writes data_dir: it names the regime it is making (see finishing())."""
+    note = "prepare_data.py was writing this folder: the same command finishes it"
+    atomic_write(Path(data_dir) / UNFINISHED, lambda f: f.write(json.dumps(dict(note=note, regime=regime)).encode()))
+
+
 def finishing(data_dir):
     """The command that finishes data_dir, where a preparation was cut short as it wrote it: its marker names the
     regime it was making (a folder's name need not: a grid's or a user's). None where there is no such marker (or
@@ -478,11 +484,13 @@ def not_ours(data_dir):
     data_dir = Path(data_dir)
     meta = data_dir / "meta.json"  # (a link to nowhere too: not "holds meta.json ... but no meta.json"; prepare
     # refuses it as not a file)
-    if meta.exists() or meta.is_symlink() or (data_dir / UNFINISHED).exists() or not data_dir.is_dir():
+    # NOTE the marker is ours only as prepare writes it (finishing() reads it): an empty one (`touch`) says nothing
+    if meta.exists() or meta.is_symlink() or finishing(data_dir) or not data_dir.is_dir():
         return None
     there = sorted(p.name for p in data_dir.iterdir() if FILES.fullmatch(p.name))
-    return f"{data_dir} holds {', '.join(there)} but no meta.json, and not as data this code was writing" if there \
-        else None
+    marker = f" (its {UNFINISHED} is no marker this code wrote)" if (data_dir / UNFINISHED).exists() else ""
+    return f"{data_dir} holds {', '.join(there)} but no meta.json, and not as data this code was writing{marker}" \
+        if there else None
 
 
 def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite=False):
@@ -537,8 +545,7 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written
     # last, the folder is unfinished (a reader refuses it; see the end of load; the marker says it is ours), and then
     # holds the new data alone
-    note = "prepare_data.py was writing this folder: the same command finishes it"  # (the regime: finishing())
-    atomic_write(marker, lambda f: f.write(json.dumps(dict(note=note, regime=want)).encode()))
+    mark_unfinished(data_dir, want)
     for stale in there:
         if stale.stem not in data:
             stale.unlink()

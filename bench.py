@@ -494,13 +494,36 @@ def whole(result, routers, args):
     """Whether a model's figures in a --suite file are what measure() writes for one of `routers`, timed as this
     run times them (steps, warm-up, generation, profile): else (cut short, damaged, or measured otherwise) the model
     is measured again."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
     return isinstance(result, dict) and result.get("router") in routers and result.get("measured") == \
         measured_as(args) and ("profile" in result) == args.profile and \
+        (not args.profile or profiled(result["profile"])) and \
         (result.get("gen_tokens_per_s") is None) == (args.gen_repeats == 0) and \
         all(number(result.get(k)) for k in ("ms_per_step", "tokens_per_s", "memory_bytes", "params")) and \
         all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
+
+
+def number(x, least=0):
+    """Whether x is a figure as bench.py writes it: a number (not a bool) past `least` (from it, with least=None)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (x >= 0 if least is None else x > least) \
+        and x < math.inf
+
+
+def profiled(p):
+    """Whether p is what profile_steps returns, as a --suite file holds it."""
+    def figures(*xs):
+        return all(number(x, None) for x in xs)
+    return isinstance(p, dict) and number(p.get("steps")) and figures(p.get("busy_ms")) and \
+        isinstance(p.get("kinds"), dict) and all(isinstance(v, list) and len(v) == 2 and figures(*v)
+                                                 for v in p["kinds"].values()) and \
+        isinstance(p.get("top"), list) and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and
+                                               figures(*t[1:]) for t in p["top"])
+
+
+def kernel_rows(rows):
+    """Whether rows are what measure_kernels returns, as a --suite file holds them."""
+    return isinstance(rows, list) and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
+                                                                       ("op", "dots", "tile")) and
+                                          all(number(r.get(k)) for k in ("slots", "ms", "gb_per_s")) for r in rows)
 
 
 def machine_of(device):
@@ -550,7 +573,7 @@ def run_suite(args, argv, out):
         results = old.get("results") if isinstance(old.get("results"), list) else []
         done = {r["router"]: r for r in results if whole(r, routers, args)}
         if what == "kernels" and (old.get("tiles"), old.get("measured")) == (tiles, measured_as(args, True)) \
-                and "kernels" in old or len(done) == len(routers):
+                and kernel_rows(old.get("kernels")) or len(done) == len(routers):
             print(f"{name}: kept from {args.json}")  # (a sweep over other tiles, or none, is timed again)
             out["suite"].append(old)
         elif what == "kernels":

@@ -237,12 +237,13 @@ def check_kept(out, router, seed, task, config, args, command):
     fitted = {"max_steps", "task", "block_size", "vocab_size"} - {f[2:].replace("-", "_") for f in
                                                                   named(command, ["--block-size", "--vocab-size"])}
     other = differences(kept, config, fitted | ({"warmup_steps"} if config["warmup_epochs"] else set()))
-    other += ["warmup_epochs"] * (kept.get("warmup_epochs", 0.0) != config["warmup_epochs"])
+    kept = {"warmup_epochs": 0.0, **kept}  # (an older run's config has none: it had no warm-up in epochs)
+    other += ["warmup_epochs"] * (kept["warmup_epochs"] != config["warmup_epochs"])
     for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
-        if None not in (kept[k], config[k]) and not of_kind(kept[k], type(config[k])):
+        if None not in (kept.get(k), config[k]) and not of_kind(kept[k], type(config[k])):
             raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
     if other:
-        raise UsageError(f"{out} is {what} of {', '.join(f'{k} {shown(kept[k])}' for k in other)}, not "
+        raise UsageError(f"{out} is {what} of {', '.join(f'{k} {shown(kept.get(k))}' for k in other)}, not "
                          f"{', '.join(shown(config[k]) for k in other)}: {kept_as}, so give another --out-dir for "
                          "other flags")
     if not finished:  # and what only train.py --resume says (a flag a session may not change: --eval-interval, say)

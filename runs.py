@@ -331,9 +331,12 @@ def resume_checkpoint(cls, cfg, given):
     if finished:  # a checkpoint older than the run's end (one restored from a backup): resumed, it would cut the log
         try:      # back to its step and delete the summary, the finished run lost without a word
             ended = read_summary(cfg["out_dir"]).get("steps")
-        except DataError:
-            ended = None  # (a summary.json that is not read: nothing to compare with)
-        if of_kind(ended, int) and ckpt["step"] < ended:
+            if ended is None:  # (read_summary checks it where it is there)
+                raise DataError(f"{Path(cfg['out_dir']) / 'summary.json'} says at which step the run ended nowhere")
+        except DataError as e:  # damaged: where that run ended is not known, and a finished run is not replaced unasked
+            raise DataError(f"--resume: {e}: the run there has finished, and resuming could replace it; move "
+                            f"summary.json away first to train on from the checkpoint's step {ckpt['step']}") from None
+        if ckpt["step"] < ended:
             raise DataError(f"--resume: {path} is of step {ckpt['step']}, before the end of the finished run there "
                             f"(step {ended}, its summary.json): resuming would replace that run; move summary.json "
                             "away first to train on from that step")
@@ -437,10 +440,22 @@ def read_log(path, advice=""):
         # rows of another run appended, or a row copied, whose values curves would draw as this run's
         what = f"step {row['step']} after step {rows[-1]['step']}" if rows and row["step"] < rows[-1]["step"] else \
             f"a second evaluation of step {row['step']}" if "val_loss" in row and row["step"] in evaluated else None
+        session = row.get("session", {"device": "", "dtype": ""})  # (what Run.session logs, and summary.json lists)
+        if not (isinstance(session, dict) and "step" not in session and
+                all(isinstance(session.get(k), str) for k in ("device", "dtype"))):
+            what = f"a session of no device or dtype ({line[:40]!r})"
         if what:
             raise DataError(f"{path}, line {i + 1}: {what}: rows of another run, or copied{advice}")
         evaluated.update([row["step"]] if "val_loss" in row else [])
         rows.append(row)
+    # each evaluation's metrics (a resumed run keeps them in its log and summary, and curves draws them)
+    evaluations = [row for row in rows if "val_loss" in row]
+    for row in evaluations:
+        for key, value in row.items():
+            fault = metric_fault(key, value, diverged=row is evaluations[-1]) or \
+                (key.startswith("val_") and not of_kind(value, float) and "not a number")  # (a fork's metric)
+            if fault:
+                raise DataError(f"{path}, step {row['step']}: {key} is {fault} ({value!r}){advice}")
     return rows, notice
 
 
@@ -511,12 +526,15 @@ class Run:
         if ckpt is self.init:
             return 0, mask
         built = [{k: group[k] for k in HYPERPARAMETERS if k in group} for group in optimizer.param_groups]
+        kernel = [{k: group[k] for k in KERNEL if k in group} for group in optimizer.param_groups]
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:  # (a 'state' that is a list, ...)
             raise DataError(f"{where} holds an optimiser state its config does not describe "
                             f"({load_problem(e)})") from None
         check_optimizer(optimizer, model, where, built, ckpt["step"])
+        for group, chosen in zip(optimizer.param_groups, kernel):  # NOTE load_state_dict takes the file's: a CUDA
+            group.update(chosen)  # run's fused=True on a CPU now, or a damaged foreach='x' (a traceback at its step)
         return ckpt["step"], mask
 
     def check_weights(self):
@@ -794,17 +812,20 @@ def read_checkpoint(out_dir):
                         f"not {kinds[k].__name__}")
     if wrong:
         raise DataError(f"{path} is not a checkpoint of train.py: it has no {wrong[0]!r}")
-    if ckpt["step"] < 0:
-        raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}")
+    # (a step past its run's length: hand-edited, 2**70 say, which --resume with a --max-steps past it would take)
+    if ckpt["step"] < 0 or of_kind(ckpt["config"].get("max_steps"), int) and ckpt["step"] > ckpt["config"]["max_steps"]:
+        raise DataError(f"{path} is not a checkpoint of train.py: its 'step' is {ckpt['step']}"
+                        + (f", past its config's max_steps={ckpt['config']['max_steps']}" if ckpt["step"] > 0 else ""))
     pruned_at = ckpt.get("pruned_at")  # (not in a checkpoint saved before it was)
     if pruned_at is not None and not (of_kind(pruned_at, int) and 0 <= pruned_at <= ckpt["step"]):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'")
     if not all(isinstance(name, str) and torch.is_tensor(value) for name, value in ckpt["model"].items()):
         raise DataError(f"{path} is not a checkpoint of train.py: its 'model' is not a dict of named tensors")
-    odd = next((name for name, t in ckpt["model"].items()  # (dense, with their data; dtypes: check_tensors)
-                if t.layout != torch.strided or t.is_meta), None)
-    if odd:
-        raise not_weights(path, odd, ckpt["model"][odd])
+    for kind, tensors in (("weights", ckpt["model"]), ("moments", moments(ckpt))):
+        odd = next((name for name, t in tensors.items()  # (dense, with their data; dtypes: check_tensors)
+                    if t.layout != torch.strided or t.is_meta), None)
+        if odd:  # (a sparse moment: AdamW's checks, and its step, would fail on it in a traceback)
+            raise not_weights(path, odd, tensors[odd], kind)
     # a config of more layers than the weights have (hand-edited: n_layer 100000) is one line here, before any script
     # spends minutes building its model, even on the meta device (the routing grows as n_layer^2)
     n_layer = ckpt["config"].get("n_layer")
@@ -815,8 +836,16 @@ def read_checkpoint(out_dir):
     return ckpt
 
 
-def not_weights(path, name, t):
-    return DataError(f"{path} is not a checkpoint of train.py: its {name} is not a tensor of weights "
+def moments(ckpt):
+    """The tensors of a checkpoint's optimiser state, by a name for errors ("optimiser state's exp_avg of parameter
+    3")."""
+    state = ckpt["optimizer"].get("state")
+    return {f"optimiser state's {key} of parameter {i}": t for i, s in state.items() if isinstance(s, dict)
+            for key, t in s.items() if torch.is_tensor(t)} if isinstance(state, dict) else {}
+
+
+def not_weights(path, name, t, kind="weights"):
+    return DataError(f"{path} is not a checkpoint of train.py: its {name} is not a tensor of {kind} "
                      f"({str(t.dtype).removeprefix('torch.')}, {str(t.layout).removeprefix('torch.')}, {t.device})")
 
 
@@ -831,6 +860,15 @@ def check_tensors(ckpt, model, path):
             raise not_weights(path, name, t)
         if name in weights and not t.isfinite().all():
             raise DataError(f"{path} is damaged: its {name} is not finite")
+    tied = {}  # one weight under two names (the head and the embedding): the file holds it twice, and one would win
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    for first, *rest in (names for names in tied.values() if len(names) > 1):
+        w = ckpt["model"].get(first)  # (a name missing, a shape not the model's: load_state_dict says so)
+        other = next((n for n in rest if w is not None and n in ckpt["model"] and
+                      ckpt["model"][n].shape == w.shape and not torch.equal(ckpt["model"][n], w)), None)
+        if other:
+            raise DataError(f"{path} is damaged: its {other} and {first}, one weight in the model, differ")
 
 
 def load_weights(model, ckpt, where):
@@ -875,6 +913,7 @@ def pruning_mask(ckpt, model, path):
 # checkpoint's groups replace them as it loads, so that a damaged one would train on with other values than the config's
 # (or fail at its first step: capturable=True on a CPU, a traceback once the run's folder is rewritten)
 HYPERPARAMETERS = ("betas", "eps", "weight_decay", "lr_scale", "amsgrad", "maximize", "capturable")
+KERNEL = ("fused", "foreach", "differentiable")  # how AdamW computes its step: this session's choice, for its device
 
 
 def same(value, built):

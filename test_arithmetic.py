@@ -263,7 +263,8 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
     prepare_data.main(args)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     capsys.readouterr()
-    (folder / arithmetic.UNFINISHED).write_text("")  # (cut short after meta.json was written, before the marker went)
+    made = arithmetic.regime_of(arithmetic.Task(), 0, 30, 4)
+    arithmetic.mark_unfinished(folder, made)  # (cut short after meta.json was written, before the marker went)
     prepare_data.main(args)
     assert "holds this data already: int-steps, tiers 4,5,6 operands (seed 0; 30 train, 4 test, 4 val a tier)" in \
         capsys.readouterr().out
@@ -276,7 +277,10 @@ def test_data_is_never_replaced_without_overwrite(tmp_path, capsys):
         f"code was writing: move them away, or replace them with `python prepare_data.py arithmetic --data-dir " \
         f"{folder} --field int --count operands --tiers 4,5,6 --target steps --train-size 30 --test-size 4 --overwrite`"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == theirs
-    (folder / arithmetic.UNFINISHED).write_text("")  # ... and the marker an interrupted run leaves: its own
+    (folder / arithmetic.UNFINISHED).write_text("")  # an empty one (`touch`): no marker of this code's, nor theirs
+    assert "(its unfinished is no marker this code wrote)" in error_of(prepare_data.main, args, capsys)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != arithmetic.UNFINISHED} == theirs
+    arithmetic.mark_unfinished(folder, made)  # ... and the marker an interrupted run leaves: its own
     prepare_data.main(args)  # the same command again finishes it: no --overwrite needed
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     prepare_data.main(["arithmetic", "--data-dir", str(folder), "--tiers=2,3", "--train-size", "30", "--test-size", "4",

@@ -93,6 +93,7 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     assert [r["router"] for r in rows] == ["none", "lime"] and rows[1]["step_ratio"] > 0
     assert [r["op"] for r in out["suite"][0]["kernels"]] == ["copy", "forward, layer 0", "backward, layer 0",
                                                               "forward, layer 1", "backward, layer 1"]  # each once
+    assert bench.kernel_rows(out["suite"][0]["kernels"]) and not bench.kernel_rows("garbage")  # (kept: checked)
     saved = json.loads(path.read_text())
     path.write_text(json.dumps({**saved, "suite": saved["suite"][:2]}))  # as if cut during the last part
     commands.clear()
@@ -205,6 +206,9 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, c
         assert "unattributed" not in p["kinds"]  # (a CPU's busy time is its ops' own: each tied to one)
     assert "routing" not in profiles["none"]["kinds"] and profiles["lime"]["kinds"]["routing"][0] > 0
     assert profiles["lime"]["kinds"]["matmul"][1] == profiles["none"]["kinds"]["matmul"][1]  # the same calls
+    # a --suite file keeps a profile only as profile_steps writes it (else its report fails on it, or it is kept)
+    assert all(bench.profiled(p) for p in profiles.values())
+    assert not any(bench.profiled({**profiles["lime"], key: "garbage"}) for key in ("kinds", "top", "busy_ms"))
     assert "where a step's time goes" in capsys.readouterr().out
     # the names a GPU gives its kernels (H100, torch.compile), and a CPU's ops
     assert [bench.kind_of(name) for name in [

@@ -1550,6 +1550,41 @@ DAMAGED = [
                                            write(t / "shakespeare_val_000000.bin", NO_TOKENS)),
                           lambda d, r, t: ["shakespeare", "--data-dir", str(t)]), 1,
      "shakespeare_val_000000.bin: holds no tokens (its header announces 0): --overwrite replaces it"),
+    # what an adversarial review found: before, a traceback, memory without end, or a run or a user's file replaced
+    ("train", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=2**70)),  # (a list of 2**70 steps)
+                   lambda d, r, t: tiny_args(d, r, f"--max-steps={2**80}", "--resume")), 1,
+     "ckpt.pt is not a checkpoint of train.py: its 'step' is 1180591620717411303424, past its config's max_steps=6"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)),
+                   lambda d, r, t: write(r / "summary.json", ""), resume), 1,  # (its step unknown: not replaced)
+     ("--resume: ", "summary.json is empty", "the run there has finished, and resuming could replace it; move "
+      "summary.json away first to train on from the checkpoint's step 3")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)),
+                   json_edit("summary.json", lambda s: {k: v for k, v in s.items() if k != "steps"}), resume), 1,
+     ("--resume: ", "summary.json says at which step the run ended nowhere")),
+    ("train", then(on_the_copy, edit_moments(lambda s: s.update(exp_avg_sq=s["exp_avg_sq"].to_sparse())), resume), 1,
+     "ckpt.pt is not a checkpoint of train.py: its optimiser state's exp_avg_sq of parameter 0 is not a tensor of "
+     "moments (float32, sparse_coo, cpu)"),
+    ("analyze", then(edit_moments(lambda s: s.update(exp_avg=s["exp_avg"].to_sparse())),
+                     lambda d, r, t: ["prune", "--out-dir", str(r), "--save", str(t / "p")]), 1,
+     "its optimiser state's exp_avg of parameter 0 is not a tensor of moments (float32, sparse_coo, cpu)"),
+    ("train", then(on_the_copy, lambda d, r, t: edit_lines(r / "log.jsonl", lambda lines: [
+        re.sub(r'"val_loss": [0-9.e-]+', '"val_loss": "abc"', x) for x in lines]), resume), 1,  # (kept, and summed up)
+     ("log.jsonl, step 6: val_loss is not a number from 0 up ('abc'); move the log away to resume without it")),
+    ("train", then(on_the_copy, lambda d, r, t: edit_lines(r / "log.jsonl", lambda lines: [
+        '{"step": 0, "session": {"step": "zz", "device": ["cpu"]}}\n', *lines[1:]]), resume), 1,
+     "log.jsonl, line 1: a session of no device or dtype ('{\"step\": 0, \"session\": {\"step\": \"zz\""),
+    ("analyze", then(lambda d, r, t: edit_lines(r / "log.jsonl", lambda ls: [*ls, '{"step": 45, "val_loss": 1}\n']),
+                     lambda d, r, t: ["curves", str(r)]), 1,
+     "log.jsonl, step 45: past the run's last step (config.json's max_steps 6): a row of another run, or copied"),
+    ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"].update({  # (saved once, as one storage)
+        "lm_head.weight": c["model"]["lm_head.weight"] + 1.0})),
+                    lambda d, r, t: ["--out-dir", str(r)]), 1,  # (one of the two would win, silently)
+     "ckpt.pt is damaged: its lm_head.weight and transformer.wte.weight, one weight in the model, differ"),
+    ("prepare_data", then(lambda d, r, t: (write(t / "mine" / "train.txt", "my notes"), write(t / "mine" / "unfinished",
+                                                                                               "")),
+                          lambda d, r, t: ["arithmetic", "--data-dir", str(t / "mine")]), 2,
+     "mine holds train.txt but no meta.json, and not as data this code was writing (its unfinished is no marker this "
+     "code wrote): move them away"),
 ]
 
 

@@ -31,7 +31,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
             "--micro-batch-size=8", "--log-interval=1"]
     (tmp_path / "data" / "mod11-answer-operators-2-3").mkdir(parents=True)  # a generation cut short: made again
     (tmp_path / "data" / "mod11-answer-operators-2-3" / "train.txt").write_text("1 + 1 = 2\n")
-    (tmp_path / "data" / "mod11-answer-operators-2-3" / arithmetic.UNFINISHED).write_text("")  # (the marker it leaves)
+    arithmetic.mark_unfinished(tmp_path / "data" / "mod11-answer-operators-2-3", arithmetic.regime_of(  # (as left)
+        arithmetic.Task(field="mod", target="answer", tiers=(2, 3), count="operators"), 0, 40, 6))
     killed = tmp_path / "out" / "mod11-answer-operators-2-3" / "lime-seed1"  # before its first checkpoint
     killed.mkdir(parents=True)
     (killed / "log.jsonl").write_text('{"step": 1, "loss": 3.2}\n')
@@ -84,6 +85,9 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         (lime / "config.json").write_text(json.dumps({**config, key: value}))
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
+    (lime / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "warmup_epochs"}))
+    assert f"{lime} is a finished run of warmup_epochs 0.0, not 0.2: a finished run is kept" in \
+        error_of(grid.main, [*args, "--warmup-epochs=0.2"], capsys)  # (an older run's config: no warm-up in epochs)
     (lime / "config.json").write_text(json.dumps(config))
     kept = (none / "config.json").read_text()  # the second run alone of another setting: each kept run is checked
     (none / "config.json").write_text(json.dumps({**json.loads(kept), "batch_size": 16}))

@@ -99,6 +99,20 @@ def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatc
     assert dropped == (interrupt == "a cut last line")
 
 
+def test_resume_steps_adamw_as_this_session_chooses(answer_dir, whole_run, tmp_path, capsys):
+    """How AdamW computes its step (fused, foreach, differentiable: train.py's choice for its device) is this
+    session's, not the checkpoint's: a GPU run's fused=True resumed on a CPU, or a value damaged by hand, would train
+    on another kernel (other last bits) or fail at its first step, in a traceback once the folder was rewritten."""
+    parts = tmp_path / "parts"
+    train.main(tiny_args(answer_dir, parts, "--stop-at=5"))
+    edit_checkpoint(parts, lambda c: [g.update(fused=True, differentiable=True, foreach="x")
+                                      for g in c["optimizer"]["param_groups"]])
+    train.main(tiny_args(answer_dir, parts, "--resume"))
+    assert_same_run(parts, whole_run)
+    groups = torch.load(parts / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert {(g["fused"], g["foreach"], g["differentiable"]) for g in groups} == {(False, None, False)}  # (a CPU's)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--preset=huge"], "unknown preset 'huge': choose from 150m, 1b, deep, arith, prosqa, tiny"),
     (["--router=first-0"], "unknown router 'first-0'"),
