@@ -502,16 +502,15 @@ def whole(result, routers, args):
         all(result.get(k) is None or number(result[k]) for k in ("gen_tokens_per_s", "mfu"))
 
 
-def number(x, least=0):
-    """Whether x is a figure as bench.py writes it: a number (not a bool) past `least` (from it, with least=None)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and (x >= 0 if least is None else x > least) \
-        and x < math.inf
+def number(x, zero=False):
+    """Whether x is a figure as bench.py writes it: a finite number (not a bool) above 0, or with `zero` from 0."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (x >= 0 if zero else x > 0) and x < math.inf
 
 
 def profiled(p):
     """Whether p is what profile_steps returns, as a --suite file holds it."""
-    def figures(*xs):
-        return all(number(x, None) for x in xs)
+    def figures(*xs):  # (a kind of work with no time or no launches in a step: 0)
+        return all(number(x, zero=True) for x in xs)
     return isinstance(p, dict) and number(p.get("steps")) and figures(p.get("busy_ms")) and \
         isinstance(p.get("kinds"), dict) and all(isinstance(v, list) and len(v) == 2 and figures(*v)
                                                  for v in p["kinds"].values()) and \
