@@ -192,10 +192,11 @@ def renyi_entropy(Z, alpha=1.0):
     Z = (Z - Z.mean(0)) / Z.std(0).clamp(min=1e-8)
     p = torch.linalg.eigvalsh(Z @ Z.T).clamp(min=0)
     p = p / p.sum()
+    p = p[p > 0]
     if abs(alpha - 1) < 1e-6:  # the limit alpha -> 1: von Neumann entropy
-        p = p[p > 0]
         return float(-(p * p.log()).sum())
-    return float(torch.log((p ** alpha).sum()) / (1 - alpha))
+    # log sum p^alpha as a logsumexp: p**alpha itself underflows to 0 at a large alpha (log 0: an entropy of inf)
+    return float(torch.logsumexp(alpha * p.log(), 0) / (1 - alpha))
 
 
 def cmd_entropy(args):

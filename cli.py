@@ -355,6 +355,23 @@ def refuse_held(folder, whose):
         os.close(hold_folder(folder, whose))
 
 
+def refuse_writing(folder, whose):
+    """For a reader of `folder` (data a run reads): hold_folder's UsageError where another process holds it (writes
+    it: prepare_data.py). Readers at once do not refuse one another (a shared flock, let go at once)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # (none there: what reads it says so)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UsageError(f"{folder} is in use by another process ({whose})") from None
+    except OSError:  # a file system without locks
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def holding(folder, whose, wait=False):
     """hold_folder(folder, whose, wait) for the body of a `with`; a folder it made is removed after it if still empty

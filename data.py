@@ -73,11 +73,21 @@ def read_shard(path):
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
 
 
+def shard_sets(data_dir):
+    """The data sets whose token shards data_dir holds, by the names' first part: {'finewebedu', ...}."""
+    return {p.name.rsplit(f"_{split}_", 1)[0] for split in ("train", "val")
+            for p in Path(data_dir).glob(f"*_{split}_*.bin")}
+
+
 def load_tokens(data_dir, split):
     """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order."""
     paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
     if not paths:
         raise DataError(f"no {split} shards in {data_dir}")
+    sets = sorted(shard_sets(data_dir))
+    if len(sets) > 1:  # NOTE else a run would train on both, and evaluate on the first by name
+        raise DataError(f"{data_dir} holds the token shards of {len(sets)} data sets "
+                        f"({', '.join(f'{s}_*' for s in sets)}): give each a folder of its own")
     return {p.name: read_shard(p) for p in paths}
 
 

@@ -27,7 +27,7 @@ import requests
 
 import arithmetic
 import prosqa
-from data import check_shard, gpt2_encoding, write_shard
+from data import check_shard, gpt2_encoding, shard_sets, write_shard
 
 FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -57,12 +57,19 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
         was = was if was.isprintable() else repr(was[:80])  # (a damaged sidecar's bytes: not to the terminal)
         print(f"{part.name}: of {was}, not {url}: downloading it from its first byte", file=sys.stderr)
         part.unlink()  # its rest would be of another file
+    elif part.exists() and not (validator.isprintable() and validator.isascii()):  # (no header's value: a traceback)
+        print(f"{part.name}: its {source.name} is damaged (the file's version, {validator[:40]!r}): downloading it "
+              "from its first byte", file=sys.stderr)
+        part.unlink()  # which version its bytes are of is not known
+        validator = ""
     made = not dest.parent.exists()  # (made here, it goes again with a download that fails its check)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
         try:
             # If-Range: the rest only if the file is still the one the .part began (else the server sends it whole)
             ask = {"Range": f"bytes={have}-", **({"If-Range": validator} if validator else {})} if have else {}
+            # NOTE the bytes as the server holds them: a range of a compressed answer (gzip) is no range of the file
+            ask["Accept-Encoding"] = "identity"
             with requests.get(url, headers=ask, stream=True, timeout=timeout) as r:
                 if r.status_code == 416:  # the .part already holds every byte
                     break
@@ -79,7 +86,8 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                 if r.status_code != 206:  # the server ignored Range, or the file changed since (If-Range): start again
                     have = 0
                     validator = checked_validator(r.headers)
-                total = have + int(r.headers.get("Content-Length", 0))
+                length = r.headers.get("Content-Length", "")  # (none, or not a number: no size to check against)
+                total = have + (int(length) if length.isdigit() and length.isascii() else 0)
                 progress = Progress(dest.name, have, total)
                 dest.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed first request leaves no folder
                 with open(part, "ab" if have else "wb", buffering=0) as f:  # (unbuffered: nothing to fail at close)
@@ -99,6 +107,8 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             # (on a terminal, a new line first: the progress line may be half drawn)
             print("\n" * sys.stderr.isatty() + f"{dest.name}: {failure(e)}; retrying in {wait}s", file=sys.stderr)
             time.sleep(wait)
+        except (requests.RequestException, ValueError) as e:  # an answer no retry mends: a redirect loop, one to
+            raise DataError(f"{url}: {failure(e)} ({type(e).__name__})") from None  # ftp:// or to no URL, ...
     if verify is not None:
         try:
             verify(part)
@@ -160,7 +170,16 @@ class Progress:
 # The data sets
 
 
+def refuse_other_shards(data_dir, name):
+    """A UsageError where data_dir holds another data set's token shards than `name`'s: a run would read both."""
+    others = sorted(shard_sets(data_dir) - {name}) if Path(data_dir).is_dir() else []
+    if others:
+        raise UsageError(f"{data_dir} holds the token shards of other data ({', '.join(f'{s}_*' for s in others)}): "
+                         f"give {name} a --data-dir of its own")
+
+
 def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL, overwrite=False):
+    refuse_other_shards(data_dir, "finewebedu")
     names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in range(1, shards + 1)]
     for name in names:
         dest = Path(data_dir) / name
@@ -170,6 +189,7 @@ def prepare_fineweb(data_dir, shards, base_url=FINEWEB_URL, overwrite=False):
 
 def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.1, overwrite=False):
     """Tiny Shakespeare as GPT-2 tokens: the first 90% of the text is train, the rest val."""
+    refuse_other_shards(data_dir, "shakespeare")
     text_path = Path(data_dir) / "input.txt"
     shards = {split: Path(data_dir) / f"shakespeare_{split}_000000.bin" for split in ("train", "val")}
     if all(p.exists() for p in shards.values()) and not overwrite:
@@ -296,6 +316,8 @@ def main(argv=None):
         for flag, value in (("--url", args.url), ("--base-url", args.base_url)):
             if value is None:
                 continue
+            if not value.isprintable():  # (a line break: the URL in every message would span two lines)
+                raise UsageError(f"{flag}={value!r}: not a URL (it holds a line break or another control character)")
             if not value.startswith(("http://", "https://")):  # (requests: MissingSchema)
                 local = f": for a file here, put it in {data_dir} as input.txt" if flag == "--url" else ""
                 raise UsageError(f"{flag}={value}: give an http(s) URL{local}")

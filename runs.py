@@ -31,7 +31,7 @@ import arithmetic
 import prosqa
 from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
                  default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
-                 pick_device, read_json, refuse_held, same_folder)
+                 pick_device, read_json, refuse_held, refuse_writing, same_folder)
 from data import OtherShards, TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -1175,6 +1175,8 @@ def load_data(cfg, with_train=True, new_model=False):
     """The data set a run's config names (a training config, or a saved one), its training split too
     unless with_train is False. It must fit the model: its samples the block, its tokens the vocabulary. A new
     run's flags set them (training_data says which to give); a saved model's are fixed, and the data is at fault."""
+    # NOTE else a run would read what is there so far: some shards, or a folder's files of two versions
+    refuse_writing(cfg.data_dir, "a prepare_data.py preparing it? wait for it to end")
     data = DATASETS[cfg.data](cfg, with_train)
     # NOTE a sample's last token is only learned, so one past the block fits; but not where generation writes it
     # (answers with no end token after them), which would train on it and never score it

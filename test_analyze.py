@@ -97,6 +97,9 @@ def test_renyi_entropy_extremes():
         assert abs(analyze.renyi_entropy(rank1, alpha)) < 1e-6
         # centring over tokens leaves T - 1 dimensions: the maximum is log(T - 1)
         assert 0.995 * math.log(T - 1) < analyze.renyi_entropy(isotropic, alpha) <= math.log(T - 1) + 1e-9
+    # a large order: not p**alpha, which underflows to 0 (an entropy of inf), and no more than at a smaller order
+    assert 0 < analyze.renyi_entropy(isotropic, 1e4) <= analyze.renyi_entropy(isotropic, 1e3) <= \
+        analyze.renyi_entropy(isotropic, 2.0)
     # the features are standardised: a feature's scale or offset (one in kilometres, one in metres) changes nothing
     Z = torch.randn(T, 6, generator=g, dtype=torch.float64)  # (in float32, + 1.0 to 1e-3 Z loses 4 digits)
     rescaled = Z * torch.tensor([1e3, 1e-3, 1.0, 50.0, 0.2, 7.0]) + torch.arange(6.0)

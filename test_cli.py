@@ -5,6 +5,7 @@ import ast
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import io
 import json
 import math
@@ -370,6 +371,27 @@ def within(seconds):
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_data_a_preparation_holds_is_refused_not_read(arith_dir, tmp_path, capsys):
+    """A run started while prepare_data.py writes its data folder read what was there so far (some shards of
+    FineWeb-Edu) with exit 0, and could not be resumed once the rest came. Readers at once do not refuse one another."""
+    d = tmp_path / "d"
+    shutil.copytree(arith_dir, d)
+    held = cli.hold_folder(d, "a test")  # (prepare_data.py, writing it)
+    try:
+        err = error_of(train.main, tiny_args(d, tmp_path / "run"), capsys)
+    finally:
+        os.close(held)
+    assert err == f"train.py: error: {d} is in use by another process (a prepare_data.py preparing it? wait for it " \
+        "to end)"
+    assert not (tmp_path / "run").exists()
+    reader = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(reader, fcntl.LOCK_SH)  # another run, reading it
+        assert cli.refuse_writing(d, "a test") is None
+    finally:
+        os.close(reader)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs (Windows)")
 def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, tmp_path, capsys):
     """A FIFO where a run's file should be (mkfifo, by hand or by a tool): its read would wait for a writer forever.
@@ -388,7 +410,8 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, t
     os.mkfifo(tmp_path / "x_val_000000.bin")  # the readers of data too: a token shard, a ProsQA file and its tokens
     os.mkfifo(tmp_path / "prosqa_test.json")
     os.mkfifo(tmp_path / "prosqa_test.npz")
-    os.mkfifo(tmp_path / "input.txt")  # (a text of your own, whose shards are not made yet)
+    (tmp_path / "s").mkdir()  # (a folder of its own: no other data set's shards beside it)
+    os.mkfifo(tmp_path / "s" / "input.txt")  # (a text of your own, whose shards are not made yet)
     arith = tmp_path / "arith"  # an arithmetic split, whose size reads 0: not "empty", nor a rebuild that fails
     shutil.copytree(arith_dir, arith)
     (arith / "val_5.txt").unlink()
@@ -400,8 +423,8 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, t
             prosqa.check(tmp_path / "prosqa_test.json")
         with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 'prosqa_test.npz'))} is not a file; "):
             prosqa.load(tmp_path, "test")
-        with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 'input.txt'))} is not a file: move it"):
-            prepare_data.prepare_shakespeare(tmp_path)
+        with pytest.raises(cli.DataError, match=rf"^{re.escape(str(tmp_path / 's' / 'input.txt'))} is not a file: "):
+            prepare_data.prepare_shakespeare(tmp_path / "s")
         with pytest.raises(cli.DataError, match=rf"^{re.escape(str(arith / 'val_5.txt'))} is not a file but the data's "
                                                 "files go by that name: move it away$"):
             arithmetic.load(arith)

@@ -265,7 +265,7 @@ def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch
     class Response:  # the first answer announces every byte and ends halfway; the next sends the rest
         def __init__(self, url, headers, **kwargs):
             asked.append(headers.get("Range"))
-            start = int(headers["Range"][6:-1]) if headers else 0
+            start = int(headers["Range"][6:-1]) if "Range" in headers else 0
             self.status_code, self.body = (206 if start else 200), data[start:] if start else data[:100]
             self.headers = {"Content-Length": str(len(data) - start)}
 
@@ -530,3 +530,71 @@ def test_task_rows_split_between_processes_micro_batch_by_micro_batch():
     rows.T, rows.pad, rows.val = 3, 0, [([i, i, 0], 1) for i in range(1, 8)]
     assert [[x[:, 0].tolist() for x, _ in rows.val_batches(2, rank, 2)] for rank in (0, 1)] == [
         [[1, 2], [5, 6]], [[3, 4], [7]]]
+
+
+def test_an_answer_no_retry_mends_is_one_line_and_asked_for_as_stored(tmp_path, monkeypatch):
+    """What the server answers that no retry mends (a redirect loop, one to ftp:// or to no URL): a traceback before,
+    one line now. A Content-Length that is no number is no size (a traceback before). Every request asks for the
+    bytes as stored (Accept-Encoding: identity): a gzip answer's range is of the compressed bytes, not of the
+    .part's, and its rest did not decode, on every run again."""
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    for error in (requests.TooManyRedirects("Exceeded 30 redirects."), requests.exceptions.InvalidSchema("ftp"),
+                  ValueError("Invalid IPv6 URL")):
+        def fails(url, headers, **kwargs):
+            raise error
+        monkeypatch.setattr(prepare_data.requests, "get", fails)
+        with pytest.raises(DataError) as e:
+            prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin")
+        assert str(e.value).startswith("http://example.invalid/x.bin: ") and type(error).__name__ in str(e.value)
+    asked = []
+
+    class Response:
+        status_code, headers = 200, {"Content-Length": "1, 1"}
+
+        def __init__(self, url, headers, **kwargs):
+            asked.append(headers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield b"abc"
+
+    monkeypatch.setattr(prepare_data.requests, "get", Response)
+    assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True
+    assert (tmp_path / "x.bin").read_bytes() == b"abc" and asked == [{"Accept-Encoding": "identity"}]
+
+
+def test_a_part_whose_sidecar_names_no_version_a_header_can_carry_is_started_over(serve, tmp_path, capsys):
+    """The sidecar's second line (the ETag the .part began with) sent as If-Range: with a line break or a byte past
+    ASCII in it (an editor's newline, a damaged file), requests refused it in a traceback, on every run again."""
+    data = bytes(range(200)) * 5
+    server, dest = serve({"x.bin": data}), tmp_path / "x.bin"
+    for damaged in ('"v1"\n', "\ufffd"):
+        (tmp_path / "x.bin.part").write_bytes(data[:300])
+        (tmp_path / "x.bin.part.url").write_text(f"{server.url}/x.bin\n{damaged}")
+        assert prepare_data.download(f"{server.url}/x.bin", dest, retries=0, overwrite=True) is True
+        assert dest.read_bytes() == data and server.requests[-1] == ("x.bin", None)  # from its first byte
+        assert "x.bin.part: its x.bin.part.url is damaged (the file's version, " in capsys.readouterr().err
+
+
+def test_two_data_sets_in_one_folder_are_refused_not_mixed(serve, tmp_path, capsys, offline_gpt2):
+    """Tiny Shakespeare prepared into a folder of FineWeb-Edu shards: a run read both (each split's shards by their
+    names' end), trained on the two and evaluated on the first by name, with exit 0."""
+    folder = tmp_path / "mix"
+    folder.mkdir()
+    write_shard(folder / "finewebedu_val_000000.bin", [1, 2, 3] * 50)
+    write_shard(folder / "finewebedu_train_000001.bin", [1, 2, 3] * 500)
+    server = serve({"input.txt": b"To be, or not to be.\n" * 20})
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--url", f"{server.url}/input.txt"],
+                   capsys)
+    assert err == f"prepare_data.py: error: {folder} holds the token shards of other data (finewebedu_*): give " \
+        "shakespeare a --data-dir of its own"
+    assert server.requests == [] and sorted(p.name for p in folder.iterdir()) == [
+        "finewebedu_train_000001.bin", "finewebedu_val_000000.bin"]
+    write_shard(folder / "shakespeare_train_000000.bin", [4, 5] * 500)  # (put there by hand)
+    with pytest.raises(DataError, match=r"mix holds the token shards of 2 data sets \(finewebedu_\*, shakespeare_\*\)"):
+        load_tokens(folder, "val")
