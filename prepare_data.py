@@ -33,7 +33,7 @@ FINEWEB_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/m
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_BYTES = 1_115_394  # its size: a server that sends no Content-Length tells no cut
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
-CHUNK_BYTES = 1 << 20  # a cut connection loses at most the chunk in flight
+CHUNK_BYTES = 1 << 16  # a cut connection loses at most the chunk in flight; progress is told chunk by chunk
 
 
 # -----------------------------------------------------------------------------
