@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cli import UsageError
 from lime import Residual, Router
 
 
@@ -33,6 +34,9 @@ class HyperConnections(Residual):
     def __init__(self, config, J):
         super().__init__()
         n, C, subs = J, config.n_embd, 2 * config.n_layer  # subs: a connection around every sub-layer
+        if n > 64:  # (its source tries 1 to 8: each stream is a copy of the residual stream, per token)
+            raise UsageError(f"--router={self.name.removesuffix('-J')}-{n}: at most 64 streams (J), each a copy of "
+                             "the residual stream at every token")
         self.n, self.C, self.eps = n, C, config.norm_eps
         # alpha[i] (n, n + 1): column 0 weighs the streams into sub-layer i's input, columns 1..n mix the
         # streams that go on; beta[i] (n): how much of the sub-layer's output each stream takes

@@ -60,6 +60,9 @@ class Method(nn.Module):
                 raise TypeError(f"{cls.__qualname__}.name = {cls.name!r}: a --router name is letters, digits, '_', "
                                 "'.', '+' and '-' (no ',', '/' or space), not ending in '-<digits>'")
             takes_j = cls.name.endswith("-J")
+            J = cls.__dict__.get("J")  # a default J, as --router=name-J would give it (None: no default)
+            if J is not None and not (isinstance(J, int) and not isinstance(J, bool) and 0 < J < 2**31):
+                raise TypeError(f"{cls.__qualname__}.J = {J!r}: a default J is a whole number from 1, or None")
             other = stem if takes_j else f"{cls.name}-J"
             # (a default J clashes only on a name that takes one: a plain name's inherited J is never read)
             clash = ROUTERS.get(other) if (takes_j and cls.J) or getattr(ROUTERS.get(other), "J", None) else None
@@ -118,7 +121,7 @@ def parse_router(spec):
 def check_router(router, n_embd, J=None):
     """What lime.Router asks of a router built with J, checked as the model is built (lime.make_router), else a
     ValueError naming the class: its sources, distinct layers up to its own, ascending, itself last; weights() shaped
-    for that many sources, and a per-token router's weights(x) too, for one token. A source column too many would
+    for that many sources, and a per-token router's weights(x) too, for each token. A source column too many would
     train, unread (the routing takes each source's own column); one too few would fail deep in the routing."""
     layer, sources, n_kv, cls = router.layer, router.sources, router.n_kv, type(router).__qualname__
     if sources != sorted(set(sources)) or sources[-1:] != [layer] or sources[0] < 0:
@@ -126,8 +129,8 @@ def check_router(router, n_embd, J=None):
                          f"0..{layer}, ascending, the layer itself last")
     n = len(sources)
     shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
-    if router.per_token:  # and for the input x (1, 1, C) of one token
-        shapes["weights(x)"] = (router.weights(torch.zeros(1, 1, n_embd)), [(1, 1, n_kv, n)])
+    if router.per_token:  # and for an input x (B, T, C): of 2 x 3 tokens, so that one per sequence does not fit
+        shapes["weights(x)"] = (router.weights(torch.zeros(2, 3, n_embd)), [(2, 3, n_kv, n)])
     for call, (w, fits) in shapes.items():
         if tuple(w.shape) not in fits:
             raise ValueError(f"{cls}.{call} is {tuple(w.shape)} at layer {layer}: for {n} source layer(s) and {n_kv} "

@@ -804,6 +804,8 @@ BAD_INPUTS = [
      "--block-size must be in 1 .. 2**20, got 99999999999999999999"),
     ("train", train_args("--router=last-99999999999999999999"), 2,
      "router 'last-99999999999999999999': J must be in 1 .. 2**31 - 1, got 99999999999999999999"),
+    ("train", train_args("--router=hc-2147483647"), 2,  # (before: a traceback, its storage's size overflowing)
+     "--router=hc-2147483647: at most 64 streams (J), each a copy of the residual stream at every token"),
     ("train", train_args("--device=cuda"), 2, "--device=cuda: this torch is a CPU-only build"),
     ("train", train_args("--device=mps"), 2, "--device=mps: MPS is not available on this machine"),
     ("train", train_args("--device=foo"), 2, "--device='foo': choose from auto, cpu, cuda, cuda:N, mps"),

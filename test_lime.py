@@ -1318,10 +1318,32 @@ def test_weights_that_do_not_fit_the_sources_are_an_error(scratch_registry):
         def weights(self, x=None):
             return self.weight if x is None else self.mix(x).view(*x.shape[:2], self.n_kv, -1)
 
-    with pytest.raises(ValueError, match=re.escape("Gate.weights(x) is (1, 1, 2, 3) at layer 1: for 2 source layer(s) "
-                                                   "and 2 kv heads, it must be (1, 1, 2, 2)")):
+    with pytest.raises(ValueError, match=re.escape("Gate.weights(x) is (2, 3, 2, 3) at layer 1: for 2 source layer(s) "
+                                                   "and 2 kv heads, it must be (2, 3, 2, 2)")):
         with torch.device("meta"):  # (as --dry-run builds it)
             small_model("test-gate")
+
+    class PerSequence(lime.Router):  # a weight per sequence (its mean: the future too), broadcast over T, silently
+        name, per_token = "test-per-sequence", True
+
+        def __init__(self, config, layer, J=None):
+            super().__init__(config, layer, J)
+            self.weight = torch.nn.Parameter(torch.empty(self.n_kv, len(self.sources)))
+            self.mix = torch.nn.Linear(config.n_embd, self.n_kv * len(self.sources), bias=False)
+
+        def weights(self, x=None):
+            return self.weight if x is None else self.mix(x.mean(1, keepdim=True)).view(x.shape[0], 1, self.n_kv, -1)
+
+    with pytest.raises(ValueError, match=re.escape("PerSequence.weights(x) is (2, 1, 2, 2) at layer 1")):
+        small_model("test-per-sequence")
+
+
+@pytest.mark.parametrize("J", ["x", 2.5, 0, -1, True])
+def test_a_default_j_that_is_no_j_is_an_error_where_the_class_is_defined(scratch_registry, J):
+    """A fork's default J of another kind (a string, 2.5) failed deep in the build in a traceback, and one out of
+    range (0, -1) was told to the user as if the command had given it."""
+    with pytest.raises(TypeError, match=re.escape(f"Skip.J = {J!r}: a default J is a whole number from 1, or None")):
+        type("Skip", (lime.LIMe,), {"name": "test-skip-J", "J": J})
 
 
 def test_initial_weights_have_the_stated_scales():
