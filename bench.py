@@ -49,7 +49,7 @@ from torch.autograd import DeviceType
 import kernels
 from generation import generate
 from lime import GPT, POSITIONS, GPTConfig
-from methods import registry
+from methods import distinct, registry
 
 SHAPES = {
     # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
@@ -426,6 +426,7 @@ def parse_args(argv):
             GPTConfig(router=r)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    args.routers = distinct(args.routers)  # (hc,hc-4: one method, timed once)
     args.shape = args.shape or ("150m" if is_cuda else "cpu")
     if args.shape not in SHAPES:
         raise UsageError(f"unknown shape {args.shape!r}: choose from {', '.join(SHAPES)}")

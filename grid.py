@@ -36,7 +36,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import arithmetic
-from methods import parse_router, router_forms
+from methods import distinct, router_forms
 from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
 from tables import by_setting, differences, results_table, shown
 
@@ -135,12 +135,10 @@ def main(argv=None):
             raise UsageError(f"--seeds must be >= 0, got {min(seeds)}")
         if max(seeds) > 2**63 - 1:  # (as train.py's --seed: torch's generator takes no more)
             raise UsageError(f"--seeds must be at most 2**63 - 1, got {max(seeds)}")
-        routers = list(dict.fromkeys(args.routers.split(",")))
-        for router in routers:
-            try:
-                parse_router(router)
-            except ValueError as e:
-                raise UsageError(f"--routers: {e}") from None
+        try:
+            routers = distinct(args.routers.split(","))  # (lime,lime or hc,hc-4: one method, run once)
+        except ValueError as e:
+            raise UsageError(f"--routers: {e}") from None
         whole = "the grid runs every run to its end (Ctrl-C stops them all; the same command goes on)"
         each = "the grid decides it run by run (a finished run is kept, an unfinished one resumes, one that never " \
             "saved starts over)"

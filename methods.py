@@ -118,6 +118,15 @@ def parse_router(spec):
     return known[name], J
 
 
+def distinct(names):
+    """Each method of `names` once, in their order, by what it selects ('hc' and 'hc-4' are one); a ValueError for
+    a name parse_router refuses."""
+    kept = {}
+    for name in names:
+        kept.setdefault(parse_router(name), name)
+    return list(kept.values())
+
+
 def check_router(router, n_embd, J=None):
     """What lime.Router asks of a router built with J, checked as the model is built (lime.make_router), else a
     ValueError naming the class: its sources, distinct layers up to its own, ascending, itself last; weights() shaped

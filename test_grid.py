@@ -17,6 +17,7 @@ import arithmetic
 import cli
 import conftest
 import grid
+import methods
 from conftest import PRUNABLE, error_of, snapshot
 
 
@@ -119,10 +120,12 @@ def test_grid_runs_each_seed_of_each_router(tmp_path, train_in_this_process, mon
     got = []
     monkeypatch.setattr(grid, "run_grid", lambda runs, args, extra: got.extend(runs) or {})
     grid.main(["--fields", "mod", "--targets", "answer", "--tiers", "2", "--train-size", "40", "--test-size", "6",
-               "--routers", "lime,none", "--seeds", "2,1,2", "--out-dir", str(tmp_path / "out"), "--data-root",
-               str(tmp_path / "data")])
-    assert [(name, router, seed) for name, router, seed, *_ in got] == [
-        ("mod11-answer-operators-2", router, seed) for router in ("lime", "none") for seed in (2, 1)]
+               "--routers", "lime,none,hc,hc-4,lime", "--seeds", "2,1,2", "--out-dir", str(tmp_path / "out"),
+               "--data-root", str(tmp_path / "data")])
+    assert [(name, router, seed) for name, router, seed, *_ in got] == [  # (hc-4 is hc: one method, run once)
+        ("mod11-answer-operators-2", router, seed) for router in ("lime", "none", "hc") for seed in (2, 1)]
+    assert methods.distinct(["first-2", "hc-static-4", "first-2", "hc-static", "first-3"]) == [
+        "first-2", "hc-static-4", "first-3"]
 
 
 def fake_runs(monkeypatch, polls=1, fails=()):
