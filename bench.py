@@ -418,7 +418,7 @@ def parse_args(argv):
     args.warmup = args.warmup if args.warmup is not None else 3 if args.compile == "on" else 1
     chosen = [flag for flag in ("shape", "routers", "depths", "n_layer", "batch_size", "block_size")
               if flag in given]  # the models measured, which --suite and --kernels fix
-    args.routers = list(dict.fromkeys(r.strip() for r in args.routers.split(",") if r.strip()))  # each once
+    args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     if not args.routers:
         raise UsageError("--routers names no router")
     for r in args.routers:
@@ -426,7 +426,7 @@ def parse_args(argv):
             GPTConfig(router=r)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    args.routers = distinct(args.routers)  # (hc,hc-4: one method, timed once)
+    args.routers = distinct(args.routers)  # each method once (lime,lime or hc,hc-4: timed once)
     args.shape = args.shape or ("150m" if is_cuda else "cpu")
     if args.shape not in SHAPES:
         raise UsageError(f"unknown shape {args.shape!r}: choose from {', '.join(SHAPES)}")
