@@ -16,7 +16,9 @@ there at once is refused. A finished run is kept, never redone: other --epochs, 
 Everything is checked before anything is written: its flags, the routers, the flags after '--' (by
 train.py --dry-run; they may not set what the grid sets run by run: --router, --seed, --epochs, the
 folders; nor --max-steps, --stop-at, --dry-run, --resume or --overwrite), and what the folders hold
-already (each unfinished run by train.py --resume --dry-run).
+already (each unfinished run by train.py --resume --dry-run). What only a regime's data can tell (a
+--block-size after '--' that its longest sample does not fit, say) is checked once its data is made,
+before any run starts.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -157,15 +159,17 @@ def main(argv=None):
         runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
                 for seed in seeds]
         for name, router, seed, _ in runs:  # (a run's output goes to a file of that name, opened as it starts)
-            log = Path(args.out_dir) / name / f"{router}-seed{seed}" / "train.out"
+            log = run_dir(args, name, router, seed) / "train.out"
             if folder_problem(log.parent):  # (a file where the run's folder goes, say)
                 raise DataError(f"{folder_problem(log.parent)}, where a run of the grid goes: move it away")
             check_a_file(log, " but a run's output goes by that name: move it away")
         name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
+        # (with the data's block and vocabulary where it is there: the dry run reads it, as the run will)
+        fit = model_fit(data_dir) if (data_dir / "meta.json").exists() else ()
         configs = {}
         for router in routers:
-            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
-            config = configs[router] = check_flags(train_command(router, seed, data_dir, out, args, extra))
+            out = run_dir(args, name, router, seed)
+            config = configs[router] = check_flags(train_command(router, seed, data_dir, out, args, extra, fit))
             ours = dict(preset="arith", router=router, seed=seed, data_dir=str(data_dir.resolve()), out_dir=str(out),
                         epochs=args.epochs)  # what the grid sets per run: a flag after '--' may not change it
             taken = [f"--{k.replace('_', '-')}" for k, v in ours.items() if config.get(k) != v]
@@ -173,7 +177,7 @@ def main(argv=None):
                 raise UsageError(f"the flags for train.py: {', '.join(taken)} is the grid's to set, run by run")
         tasks = dict(grid)
         for name, router, seed, data_dir in runs:
-            out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+            out = run_dir(args, name, router, seed)
             check_kept(out, router, seed, tasks[name], configs[router], args,
                        train_command(router, seed, data_dir, out, args, extra))
         made = [Path(f) for f in (args.out_dir, args.data_root) if not Path(f).exists()]
@@ -183,14 +187,24 @@ def main(argv=None):
             try:
                 fits = {}
                 for name, task in grid:
-                    prepare(Path(args.data_root) / name, task, args)
-                    fits[name] = model_fit(Path(args.data_root) / name)  # reads the whole folder: once per regime
+                    data_dir = Path(args.data_root) / name
+                    prepare(data_dir, task, args)
+                    fits[name] = model_fit(data_dir)  # reads the whole folder: once per regime
+                    if not (fit and name == runs[0][0]):  # its data against the flags, as the first's above: a sample
+                        router, seed = routers[0], seeds[0]  # past a --block-size after '--', say, before any run
+                        check_flags(train_command(router, seed, data_dir, run_dir(args, name, router, seed), args,
+                                                  extra, fits[name]))
                 return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
             except BaseException:  # (too few expressions for a regime's sizes, found as it is generated, say)
                 for folder in made:  # made for nothing: gone again, as arithmetic.prepare's own data folder
                     with suppress(OSError):  # (rmdir takes an empty folder only: another's data stays)
                         folder.rmdir()
                 raise
+
+
+def run_dir(args, name, router, seed):
+    """The folder of a run of the grid: <out-dir>/<regime>/<router>-seed<N>."""
+    return Path(args.out_dir) / name / f"{router}-seed{seed}"
 
 
 def named(argv, flags):
@@ -307,7 +321,7 @@ def run_grid(runs, args, extra):
     todo, running, failed, started = [], {}, [], time.time()
     dirs = []
     for name, router, seed, data_dir, block, vocab in runs:
-        out = Path(args.out_dir) / name / f"{router}-seed{seed}"
+        out = run_dir(args, name, router, seed)
         dirs.append(out)
         if (out / "summary.json").exists():
             continue  # finished: kept, never redone

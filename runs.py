@@ -63,9 +63,10 @@ class EvalConfig(GPTConfig):
     shards: dict = None  # not a flag: the token shards a language run reads (data.TokenData), recorded by train.py
 
 
-def main(script, argv, cls, presets, train, description=None):
+def main(script, argv, cls, presets, train, read_data, description=None):
     """A training script's main: its config from argv (`cls`, `presets`), then train(cfg, run) with
-    signals installed; bad input, missing data and interruptions end it with one line."""
+    signals installed; bad input, missing data and interruptions end it with one line. --dry-run checks what
+    the run would, up to read_data(cfg, run, dry_run=True) (the run's data, where it is there), and writes nothing."""
     cfg = None
 
     def data_hint(e):  # for the data a run reads, how to make it, unless the message says so already
@@ -95,14 +96,18 @@ def main(script, argv, cls, presets, train, description=None):
         run = Run(cfg, resume, init, seen)  # reads what a resume keeps of the log: nothing is written till it is whole
         if dry_run:
             run.check_weights()  # on the meta device (no memory, no time), and a narrow copy on the CPU
+            # NOTE the data too where it is there, as the run reads it: a sample longer than --block-size, or
+            # --stop-at past the steps of --epochs, refused here (grid.py checks its runs so), not by every run
+            data = read_data(cfg, run, dry_run=True)
             if run.master:  # (under torchrun, once, not once per process)
-                # a length in epochs becomes steps once the data's size is known (train.py): not in a dry run
+                # a length in epochs becomes steps once the data's size is known (train.py): not without the data
                 later = " and ".join(f"{steps} from --{epochs.replace('_', '-')}" for steps, epochs in
                                      (("max_steps", "epochs"), ("warmup_steps", "warmup_epochs"))
-                                     if resume is None and getattr(cfg, epochs, 0) > 0)
-                print("config: " + json.dumps(dataclasses.asdict(cfg)) + "\n(--dry-run: the flags, the model and the "
-                      "checkpoints they name check out; no data was read, nothing was written"
-                      + (f"; the run sets {later} once it reads the data" if later else "") + ")")
+                                     if data is None and resume is None and getattr(cfg, epochs, 0) > 0)
+                checked = "the flags, the model, the data and the checkpoints they name check out" if data else \
+                    f"the flags, the model and the checkpoints they name check out; no data in {cfg.data_dir} yet"
+                print("config: " + json.dumps(dataclasses.asdict(cfg)) + f"\n(--dry-run: {checked}; nothing was "
+                      "written" + (f"; the run sets {later} once it reads the data" if later else "") + ")")
             return None
         with Signals() as run.signals, closing(run):
             return train(cfg, run)
@@ -1192,10 +1197,15 @@ def load_data(cfg, with_train=True, new_model=False):
     return data
 
 
-def training_data(cfg, run, generates=None, home=None):
+def training_data(cfg, run, generates=None, home=None, dry_run=False):
     """load_data() for a training run, checked against its model. `generates`: the arithmetic regime that the
     run's preset makes in its own folder `home` when that has none; another folder without data is an error
-    that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError."""
+    that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError.
+    A dry run makes nothing: data not there yet is None, for the run itself to make or to ask for."""
+    folder = Path(cfg.data_dir)  # (a task's meta.json is written last; another data set's folder: any file in it)
+    if dry_run and not ((folder / "meta.json").exists() if cfg.data == "arithmetic" else
+                        folder.is_dir() and any(folder.iterdir())):
+        return None
     if generates and cfg.data == "arithmetic":
         missing = not (Path(cfg.data_dir) / "meta.json").exists()
         if cfg.data_dir == home:

@@ -332,6 +332,22 @@ def test_grid_checks_everything_before_it_writes(tmp_path, capsys, refused, flag
     assert list(tmp_path.iterdir()) == []
 
 
+def test_flags_that_a_regimes_data_refuses_are_refused_before_any_run(tmp_path, capsys, refused):
+    """A --block-size after '--' that a regime's samples do not fit (or a --vocab-size its vocabulary): train.py's
+    dry run says so once the data is there, for every regime, before a run starts or a train.out is written;
+    the data made is kept for the next command, and the same command refuses it before it writes anything."""
+    args = ["--fields", "mod", "--targets", "answer,steps", "--tiers", "2", "--train-size", "40", "--test-size", "6",
+            "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data")]
+    for again in (False, True):  # (the answer regime's samples, of 10 tokens, fit; the steps regime's, of 14, not)
+        err = error_of(grid.main, [*args, "--", "--block-size=12"], capsys)
+        assert err.endswith("a sample of 14 tokens does not fit --block-size=12")
+        assert not (tmp_path / "out").exists() and len(list((tmp_path / "data").iterdir())) == 2
+    # with the first regime's data there, before anything is written (a vocabulary of 19 tokens)
+    assert "--vocab-size=8 is smaller than the arithmetic vocabulary (19)" in error_of(
+        grid.main, [*args, "--", "--vocab-size=8"], capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_each_run_is_a_process_of_its_own_under_a_launcher_too(monkeypatch):
     """A launcher's RANK (or torchrun's, around grid.py) would make every run a rank of one distributed job."""
     for name, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_PORT="29500", KEEP="me").items():

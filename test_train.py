@@ -195,7 +195,7 @@ def test_under_torchrun_a_line_every_process_would_say_is_said_once_a_machine(tm
                               (cli.Interrupted(signal.SIGINT), 130, "train.py: interrupted (SIGINT)\n")):
         for begun in (False, True):
             with pytest.raises(SystemExit) as e:
-                runs.main("train.py", flags, train.TrainConfig, train.PRESETS, fails(begun, error))
+                runs.main("train.py", flags, train.TrainConfig, train.PRESETS, fails(begun, error), train.training_data)
             assert e.value.code == code and capsys.readouterr().err == line * begun
     assert list(tmp_path.iterdir()) == []  # (rank 1 writes nothing)
     monkeypatch.setattr(os, "_exit", sys.exit)  # a Ctrl-C as torch loads, before any of that
@@ -1074,6 +1074,28 @@ def test_a_preset_folder_holds_the_preset_data_and_a_dry_run_writes_nothing(tmp_
         monkeypatch.setenv(name, value)
     assert train.main(["--preset=tiny", "--micro-batch-size=32", "--dry-run"]) is None
     assert capsys.readouterr().out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_checks_the_data_where_it_is_there(answer_dir, tmp_path, capsys):
+    """What the run refuses of its data, a dry run refuses too where the data is there (grid.py checks its runs
+    so): a sample longer than the block, a vocabulary larger than the model's, --stop-at or --prune-at past the
+    steps of --epochs. Where the data is not there yet, the same flags pass, and the dry run says it."""
+    epochs = [a for a in tiny_args(answer_dir, tmp_path / "run") if not a.startswith("--max-steps=")] + ["--epochs=0.5"]
+    # 200 samples in batches of 8, half an epoch: 12.5 steps, 13
+    for extra, message in ((["--block-size=4"], "a sample of "), (["--vocab-size=8"], "--vocab-size=8 is smaller "
+                                                                   "than the arithmetic vocabulary"),
+                           (["--stop-at=14"], "--stop-at=14 is past the last step (max_steps=13)"),
+                           (["--router-top-p=0.9", "--prune-at=13"], "--prune-at=13 is not before the last step")):
+        assert message in error_of(train.main, [*epochs, *extra, "--dry-run"], capsys)
+        train.main([*epochs, *extra, f"--data-dir={tmp_path / 'none'}", "--dry-run"])
+        printed = capsys.readouterr().out
+        assert f"no data in {tmp_path / 'none'} yet; nothing was written; the run sets max_steps from --epochs" \
+            in printed
+    train.main([*epochs, "--stop-at=13", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert '"max_steps": 13' in printed and printed.endswith("the data and the checkpoints they name check out; "
+                                                             "nothing was written)\n")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -173,6 +173,24 @@ def learning_rate(step, cfg):
 # Training
 
 
+def training_data(cfg, run, dry_run=False):
+    """The run's data, checked against the model's vocabulary and block size (an offline preset generates its task
+    first; a dry run makes nothing, and finds None where there is no data yet). A task (samples, not token shards)
+    may give the run's length in epochs of len(train) samples: --stop-at and --prune-at are checked against it."""
+    data = runs.training_data(cfg, run, GENERATES.get(cfg.preset), runs.data_folder(PRESETS, cfg.preset, cfg.data),
+                              dry_run)
+    if data is None:
+        return None
+    if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
+        # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
+        runs.steps_of_epochs(cfg, data.train_size / cfg.batch_size)
+    runs.check_last_step(cfg)  # (a length in epochs is known in steps only now)
+    # a task's regime (arithmetic), or the token shards read, go into config.json and every checkpoint: sample,
+    # analyze and --resume read them
+    cfg.task, cfg.shards = data.regime, data.shards
+    return data
+
+
 def train(cfg, run):
     """Train from scratch, from another run's weights (--init-from) or on from this run's checkpoint
     (--resume); `run` (runs.Run) keeps the folder: config, log, checkpoints, summary."""
@@ -194,15 +212,7 @@ def train(cfg, run):
     else:  # NOTE a CPU takes a slow path for subnormal floats (under 1.2e-38), which the tiny gradients of a run
         torch.set_flush_denormal(True)  # late in training become: here they are zeros (README, the arithmetic task)
 
-    # data, checked against the model's vocabulary and block size (an offline preset generates its task first).
-    # A task (samples, not token shards) may give the run's length in epochs of len(train) samples
-    data = runs.training_data(cfg, run, GENERATES.get(cfg.preset), runs.data_folder(PRESETS, cfg.preset, cfg.data))
-    if data.train_size and run.resume is None:  # a resumed run has these in its saved config already
-        # samples are drawn at random (with replacement): an epoch is len(train) samples, not each one once
-        runs.steps_of_epochs(cfg, data.train_size / cfg.batch_size)
-    # a task's regime (arithmetic), or the token shards read, go into config.json and every checkpoint: sample,
-    # analyze and --resume read them
-    cfg.task, cfg.shards = data.regime, data.shards
+    data = training_data(cfg, run)
 
     # model and optimiser
     torch.manual_seed(cfg.seed)
@@ -213,7 +223,6 @@ def train(cfg, run):
     if mask is not None:  # a pruned model stays pruned (the run saves the mask with its checkpoints)
         mask = run.router_mask = {name: keep.to(device) for name, keep in mask.items()}
         mask_routers(raw_model, mask, optimizer)
-    runs.check_last_step(cfg)  # (a length in epochs is known in steps only now)
     compiled = compiles(cfg.compile, device)
     model = torch.compile(raw_model) if compiled else raw_model
     if ddp:
@@ -359,7 +368,7 @@ def train(cfg, run):
 
 
 def main(argv=None):
-    return runs.main("train.py", argv, TrainConfig, PRESETS, train, __doc__)
+    return runs.main("train.py", argv, TrainConfig, PRESETS, train, training_data, __doc__)
 
 
 if __name__ == "__main__":
