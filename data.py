@@ -79,11 +79,13 @@ def shard_sets(data_dir):
             for p in Path(data_dir).glob(f"*_{split}_*.bin")}
 
 
-def load_tokens(data_dir, split):
-    """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order."""
+def load_tokens(data_dir, split, trained=False):
+    """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order.
+    `trained`: those of a run that read them there (recorded in its config), and may have been moved since."""
     paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
     if not paths:
-        raise DataError(f"no {split} shards in {data_dir}")
+        moved = ": give --data-dir the folder that holds the run's shards now" if trained else ""
+        raise DataError(f"no {split} shards in {data_dir}{moved}")
     sets = sorted(shard_sets(data_dir))
     if len(sets) > 1:  # NOTE else a run would train on both, and evaluate on the first by name
         raise DataError(f"{data_dir} holds the token shards of {len(sets)} data sets "
@@ -136,9 +138,10 @@ class TokenData:
     label = regime = None  # one data set, no variants
 
     def __init__(self, cfg, with_train=True):
-        found = {"val": load_tokens(cfg.data_dir, "val")}
+        trained = bool(getattr(cfg, "shards", None))  # (a saved run's config: its shards were in cfg.data_dir)
+        found = {"val": load_tokens(cfg.data_dir, "val", trained)}
         if with_train:
-            found["train"] = load_tokens(cfg.data_dir, "train")
+            found["train"] = load_tokens(cfg.data_dir, "train", trained)
         # what the run reads, {split: {shard: tokens}}: train.py records it in the run's config, and this checks it
         self.shards = {split: {name: len(tokens) for name, tokens in shards.items()} for split, shards in found.items()}
         check_shards(cfg, self.shards)

@@ -181,6 +181,10 @@ def test_data_past_a_saved_models_vocabulary_is_one_line(language_run, tmp_path,
     argv = ["--out-dir", str(language_run), "--eval", f"--data-dir={tmp_path}"]
     assert error_of(sample.main, argv, capsys, code=1) == \
         f"sample.py: error: {tmp_path} holds token ids up to 400, past the model's vocab_size=320"
+    # a folder without them (the run's data moved away since): where to point it
+    argv[-1] = f"--data-dir={tmp_path / 'moved'}"
+    assert error_of(sample.main, argv, capsys, code=1) == f"sample.py: error: no val shards in {tmp_path / 'moved'}: " \
+        "give --data-dir the folder that holds the run's shards now"
 
 
 def test_a_run_is_never_scored_on_another_regime(arith_run, tmp_path, capsys):
