@@ -1207,7 +1207,7 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
                         folder.is_dir() and any(folder.iterdir())):
         return None
     if generates and cfg.data == "arithmetic":
-        missing = not (Path(cfg.data_dir) / "meta.json").exists()
+        missing = not (folder / "meta.json").exists()
         if cfg.data_dir == home:
             if missing and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
                 print(f"preparing the arithmetic task in {home} (once, offline)")
