@@ -1202,10 +1202,16 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     run's preset makes in its own folder `home` when that has none; another folder without data is an error
     that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError.
     A dry run makes nothing: data not there yet is None, for the run itself to make or to ask for."""
-    folder = Path(cfg.data_dir)  # (a task's meta.json is written last; another data set's folder: any file in it)
-    if dry_run and not ((folder / "meta.json").exists() if cfg.data == "arithmetic" else
-                        folder.is_dir() and any(folder.iterdir())):
-        return None
+    folder = Path(cfg.data_dir)
+    if dry_run:
+        try:  # (a folder prepare_data.py is writing: not there yet either)
+            refuse_writing(folder, "")
+        except UsageError:
+            return None
+        # (a task's meta.json is written last; another data set's folder: any file in it)
+        if not ((folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and
+                any(folder.iterdir())):
+            return None
     if generates and cfg.data == "arithmetic":
         missing = not (folder / "meta.json").exists()
         if cfg.data_dir == home:

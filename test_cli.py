@@ -379,6 +379,8 @@ def test_data_a_preparation_holds_is_refused_not_read(arith_dir, tmp_path, capsy
     held = cli.hold_folder(d, "a test")  # (prepare_data.py, writing it)
     try:
         err = error_of(train.main, tiny_args(d, tmp_path / "run"), capsys)
+        train.main(tiny_args(d, tmp_path / "run", "--dry-run"))  # a dry run checks the rest: the data is not there yet
+        assert f"no data in {d} yet; nothing was written" in capsys.readouterr().out
     finally:
         os.close(held)
     assert err == f"train.py: error: {d} is in use by another process (a prepare_data.py preparing it? wait for it " \
