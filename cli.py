@@ -355,21 +355,28 @@ def refuse_held(folder, whose):
         os.close(hold_folder(folder, whose))
 
 
-def refuse_writing(folder, whose):
-    """For a reader of `folder` (data a run reads): hold_folder's UsageError where another process holds it (writes
-    it: prepare_data.py). Readers at once do not refuse one another (a shared flock, let go at once)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # (none there: what reads it says so)
-        return
+def being_written(folder):
+    """Whether another process holds `folder` to write it (hold_folder: prepare_data.py), as a shared flock finds,
+    let go at once (readers at once do not hold one another up). None there, or not a folder: no."""
+    try:  # NOTE O_DIRECTORY: a FIFO by that name would block a plain open until something wrote to it
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise UsageError(f"{folder} is in use by another process ({whose})") from None
+        return True
     except OSError:  # a file system without locks
         pass
     finally:
         os.close(fd)
+    return False
+
+
+def refuse_writing(folder, whose="a prepare_data.py preparing it? wait for it to end"):
+    """For a reader of `folder` (data a run reads): hold_folder's UsageError where another process writes it."""
+    if being_written(folder):
+        raise UsageError(f"{folder} is in use by another process ({whose})")
 
 
 @contextmanager

@@ -81,7 +81,7 @@ def shard_sets(data_dir):
 
 def load_tokens(data_dir, split, trained=False):
     """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order.
-    `trained`: those of a run that read them there (recorded in its config), and may have been moved since."""
+    `trained`: those of a run that read them there, evaluated, and may have been moved since."""
     paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
     if not paths:
         moved = ": give --data-dir the folder that holds the run's shards now" if trained else ""
@@ -138,10 +138,12 @@ class TokenData:
     label = regime = None  # one data set, no variants
 
     def __init__(self, cfg, with_train=True):
-        trained = bool(getattr(cfg, "shards", None))  # (a saved run's config: its shards were in cfg.data_dir)
+        # a saved run evaluated (sample.py, analyze.py: they take --data-dir anew), its shards read in cfg.data_dir;
+        # not a run resumed, which reads its own folder
+        trained = bool(getattr(cfg, "shards", None)) and not with_train
         found = {"val": load_tokens(cfg.data_dir, "val", trained)}
         if with_train:
-            found["train"] = load_tokens(cfg.data_dir, "train", trained)
+            found["train"] = load_tokens(cfg.data_dir, "train")
         # what the run reads, {split: {shard: tokens}}: train.py records it in the run's config, and this checks it
         self.shards = {split: {name: len(tokens) for name, tokens in shards.items()} for split, shards in found.items()}
         check_shards(cfg, self.shards)

@@ -17,13 +17,13 @@ Everything is checked before anything is written: its flags, the routers, the fl
 train.py --dry-run; they may not set what the grid sets run by run: --router, --seed, --epochs, the
 folders; nor --max-steps, --stop-at, --dry-run, --resume or --overwrite), and what the folders hold
 already (each unfinished run by train.py --resume --dry-run). What only a regime's data can tell (a
---block-size after '--' that its longest sample does not fit, say) is checked once its data is made,
-before any run starts.
+--block-size after '--' that its longest sample does not fit, say) is checked where its data is there
+before anything is written, and for a regime made now once it is made, before any run starts.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DataError, Parser, UsageError, a_path, check_a_file, folder_problem, holding, one_line_errors,
-                 read_json, refuse_held)
+                 read_json, refuse_held, refuse_writing)
 
 import ctypes
 import json
@@ -69,6 +69,7 @@ def data_of(task, args):
 def prepare(data_dir, task, args, generate=True):
     """A regime's data folder: one that holds exactly this regime is reused, any other refused; with
     `generate`, one that holds nothing yet is generated; without, the lines of one reused are checked too."""
+    refuse_writing(data_dir)  # (else a run's dry run would find no data there yet, and check none)
     want = data_of(task, args)
     # (without meta.json, which comes last, a folder is one a grid was cut short while generating: made again; or
     # files of another's: kept)
@@ -145,7 +146,8 @@ def main(argv=None):
         each = "the grid decides it run by run (a finished run is kept, an unfinished one resumes, one that never " \
             "saved starts over)"
         ours = {"--max-steps": "the grid sets every run's length, with --epochs",
-                "--stop-at": whole, "--dry-run": whole, "--resume": each, "--overwrite": each}
+                "--data": "the grid trains on the arithmetic regimes it makes", "--stop-at": whole, "--dry-run": whole,
+                "--resume": each, "--overwrite": each}
         for flag in named(extra, ours):
             raise UsageError(f"the flags for train.py: {flag}: {ours[flag]}")
         for flag in ("out_dir", "data_root"):
@@ -163,18 +165,27 @@ def main(argv=None):
             if folder_problem(log.parent):  # (a file where the run's folder goes, say)
                 raise DataError(f"{folder_problem(log.parent)}, where a run of the grid goes: move it away")
             check_a_file(log, " but a run's output goes by that name: move it away")
-        name, _, seed, data_dir = runs[0]  # the flags every run gets, with each router: a process each, seconds
-        # (with the data's block and vocabulary where it is there: the dry run reads it, as the run will)
-        fit = model_fit(data_dir) if (data_dir / "meta.json").exists() else ()
+        # each regime's data that is there already: the block and vocabulary its runs get (model_fit), and what
+        # train.py's dry run checks the flags after '--' against now (a sample past a --block-size given there, say)
+        folders = {name: Path(args.data_root) / name for name, _ in grid}
+        fits = {name: model_fit(folder) for name, folder in folders.items() if (folder / "meta.json").exists()}
+
+        def check_run(name, router, seed):  # train.py's dry run of a run as the grid starts it: its config
+            return check_flags(train_command(router, seed, folders[name], run_dir(args, name, router, seed), args,
+                                             extra, fits.get(name, ())), name if name in fits else "")
+
+        name, seed = grid[0][0], seeds[0]
         configs = {}
-        for router in routers:
-            out = run_dir(args, name, router, seed)
-            config = configs[router] = check_flags(train_command(router, seed, data_dir, out, args, extra, fit))
-            ours = dict(preset="arith", router=router, seed=seed, data_dir=str(data_dir.resolve()), out_dir=str(out),
-                        epochs=args.epochs)  # what the grid sets per run: a flag after '--' may not change it
+        for router in routers:  # the flags every run gets, with each router: a process each, seconds
+            config = configs[router] = check_run(name, router, seed)
+            ours = dict(preset="arith", router=router, seed=seed, data_dir=str(folders[name].resolve()),
+                        out_dir=str(run_dir(args, name, router, seed)), epochs=args.epochs)
+            # (a flag after '--' may not change what the grid sets per run)
             taken = [f"--{k.replace('_', '-')}" for k, v in ours.items() if config.get(k) != v]
             if taken:
                 raise UsageError(f"the flags for train.py: {', '.join(taken)} is the grid's to set, run by run")
+        for other in [n for n in fits if n != name]:  # every other regime's data there, with one router
+            check_run(other, routers[0], seed)
         tasks = dict(grid)
         for name, router, seed, data_dir in runs:
             out = run_dir(args, name, router, seed)
@@ -185,15 +196,11 @@ def main(argv=None):
         # would write one train.out) is refused before it writes
         with holding(args.out_dir, GRID_THERE):
             try:
-                fits = {}
                 for name, task in grid:
-                    data_dir = Path(args.data_root) / name
-                    prepare(data_dir, task, args)
-                    fits[name] = model_fit(data_dir)  # reads the whole folder: once per regime
-                    if not (fit and name == runs[0][0]):  # its data against the flags, as the first's above: a sample
-                        router, seed = routers[0], seeds[0]  # past a --block-size after '--', say, before any run
-                        check_flags(train_command(router, seed, data_dir, run_dir(args, name, router, seed), args,
-                                                  extra, fits[name]))
+                    prepare(folders[name], task, args)
+                    if name not in fits:  # made now: its data against the flags, before any run starts
+                        fits[name] = model_fit(folders[name])  # (reads the whole folder: once per regime)
+                        check_run(name, routers[0], seeds[0])
                 return run_grid([(*run, *fits[run[0]]) for run in runs], args, extra)
             except BaseException:  # (too few expressions for a regime's sizes, found as it is generated, say)
                 for folder in made:  # made for nothing: gone again, as arithmetic.prepare's own data folder
@@ -277,15 +284,16 @@ def alone(**settings):
     return {**{k: v for k, v in os.environ.items() if k not in distributed}, **settings}
 
 
-def check_flags(cmd, resume=False):
+def check_flags(cmd, regime="", resume=False):
     """train.py's own check of a run's flags (--dry-run: nothing written), before the grid writes anything; with
-    `resume`, as the run goes on from its checkpoint. Its one line, if any, becomes grid.py's, with its exit code;
-    otherwise the run's config (a dict)."""
+    `resume`, as the run goes on from its checkpoint. Its one line, if any, becomes grid.py's, with its exit code
+    (and the `regime` whose data it read, if any); otherwise the run's config (a dict)."""
     done = subprocess.run([*cmd, "--resume" if resume else "--overwrite", "--dry-run"], capture_output=True,
                           text=True, env=alone())
     if done.returncode:
         line = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("train.py: error: ")
-        raise (DataError if done.returncode == 1 else UsageError)(f"train.py, as the grid runs it: {line}")
+        on = f" on {regime}" if regime else ""
+        raise (DataError if done.returncode == 1 else UsageError)(f"train.py, as the grid runs it{on}: {line}")
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("config: "))[8:])
 
 

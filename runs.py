@@ -29,9 +29,9 @@ import torch
 
 import arithmetic
 import prosqa
-from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, check_a_file,
-                 default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors, option,
-                 pick_device, read_json, refuse_held, refuse_writing, same_folder)
+from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, being_written,
+                 check_a_file, default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors,
+                 option, pick_device, read_json, refuse_held, refuse_writing, same_folder)
 from data import OtherShards, TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -104,8 +104,9 @@ def main(script, argv, cls, presets, train, read_data, description=None):
                 later = " and ".join(f"{steps} from --{epochs.replace('_', '-')}" for steps, epochs in
                                      (("max_steps", "epochs"), ("warmup_steps", "warmup_epochs"))
                                      if data is None and resume is None and getattr(cfg, epochs, 0) > 0)
-                checked = "the flags, the model, the data and the checkpoints they name check out" if data else \
-                    f"the flags, the model and the checkpoints they name check out; no data in {cfg.data_dir} yet"
+                checked = f"the flags, the model and the checkpoints they name check out; no data in {cfg.data_dir} " \
+                    "yet, so none was checked" if data is None else \
+                    "the flags, the model, the data and the checkpoints they name check out"
                 print("config: " + json.dumps(dataclasses.asdict(cfg)) + f"\n(--dry-run: {checked}; nothing was "
                       "written" + (f"; the run sets {later} once it reads the data" if later else "") + ")")
             return None
@@ -161,9 +162,9 @@ def build_parser(cls, defaults, description=None):
     p.add_argument("--resume", action="store_true", help="continue from <out-dir>/ckpt.pt with its saved config")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start over in an <out-dir> that holds a run: its files ({', '.join(RUN_FILES)}) are deleted")
-    p.add_argument("--dry-run", action="store_true", help="check the flags, the model and the checkpoints they "
-                                                          "name, print the config, and stop: no data is read, nothing "
-                                                          "written")
+    p.add_argument("--dry-run", action="store_true", help="check the flags, the model, the checkpoints they name "
+                                                          "and the data where it is there, print the config, and "
+                                                          "stop: nothing is written")
     return p
 
 
@@ -1181,7 +1182,7 @@ def load_data(cfg, with_train=True, new_model=False):
     unless with_train is False. It must fit the model: its samples the block, its tokens the vocabulary. A new
     run's flags set them (training_data says which to give); a saved model's are fixed, and the data is at fault."""
     # NOTE else a run would read what is there so far: some shards, or a folder's files of two versions
-    refuse_writing(cfg.data_dir, "a prepare_data.py preparing it? wait for it to end")
+    refuse_writing(cfg.data_dir)
     data = DATASETS[cfg.data](cfg, with_train)
     # NOTE a sample's last token is only learned, so one past the block fits; but not where generation writes it
     # (answers with no end token after them), which would train on it and never score it
@@ -1203,24 +1204,18 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError.
     A dry run makes nothing: data not there yet is None, for the run itself to make or to ask for."""
     folder = Path(cfg.data_dir)
-    if dry_run:
-        try:  # (a folder prepare_data.py is writing: not there yet either)
-            refuse_writing(folder, "")
-        except UsageError:
-            return None
-        # (a task's meta.json is written last; another data set's folder: any file in it)
-        if not ((folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and
-                any(folder.iterdir())):
-            return None
+    # (a task's meta.json is written last; another data set's folder: any file in it)
+    there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
+    if dry_run and (not there or being_written(folder)):
+        return None
     if generates and cfg.data == "arithmetic":
-        missing = not (folder / "meta.json").exists()
         if cfg.data_dir == home:
-            if missing and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
+            if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
                 print(f"preparing the arithmetic task in {home} (once, offline)")
                 arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
             if torch.distributed.is_initialized():
                 torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
-        elif missing and run.resume is None and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
+        elif not there and run.resume is None and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
             raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # a folder of one's own (or a mistyped
                             f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")  # one): its command
     data = load_data(cfg, new_model=run.resume is None)

@@ -380,7 +380,7 @@ def test_data_a_preparation_holds_is_refused_not_read(arith_dir, tmp_path, capsy
     try:
         err = error_of(train.main, tiny_args(d, tmp_path / "run"), capsys)
         train.main(tiny_args(d, tmp_path / "run", "--dry-run"))  # a dry run checks the rest: the data is not there yet
-        assert f"no data in {d} yet; nothing was written" in capsys.readouterr().out
+        assert f"no data in {d} yet, so none was checked" in capsys.readouterr().out
     finally:
         os.close(held)
     assert err == f"train.py: error: {d} is in use by another process (a prepare_data.py preparing it? wait for it " \
@@ -430,6 +430,14 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, t
         with pytest.raises(cli.DataError, match=rf"^{re.escape(str(arith / 'val_5.txt'))} is not a file but the data's "
                                                 "files go by that name: move it away$"):
             arithmetic.load(arith)
+        # a FIFO by the data folder's name: a run (of token data) and a dry run look for a folder, not into a FIFO
+        os.mkfifo(tmp_path / "fifo")
+        flags = ["--preset=tiny", "--data=shakespeare", f"--data-dir={tmp_path / 'fifo'}", "--vocab-size=320",
+                 f"--out-dir={tmp_path / 'run'}"]
+        err = error_of(train.main, flags, capsys, 1)
+        assert err.startswith(f"train.py: error: no val shards in {tmp_path / 'fifo'}")
+        train.main([*flags, "--dry-run"])
+        assert f"no data in {tmp_path / 'fifo'} yet" in capsys.readouterr().out
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):

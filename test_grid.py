@@ -316,6 +316,7 @@ def test_a_grid_refuses_an_out_dir_that_another_grid_runs_in(tmp_path, capsys, r
     (["--", "--dry-run"], "the flags for train.py: --dry-run: the grid runs every run to its end"),
     (["--", "--dry"], "the flags for train.py: --dry-run: the grid runs every run to its end"),  # as train.py reads it
     (["--", "--stop-at", "3"], "the flags for train.py: --stop-at: the grid runs every run to its end"),
+    (["--", "--data=prosqa"], "the flags for train.py: --data: the grid trains on the arithmetic regimes it makes"),
     (["--", "--epochs=3", "--out-dir=x"], "the flags for train.py: --out-dir, --epochs is the grid's to set"),
     (["--routers", "lime,bogus"], "--routers: unknown router 'bogus'"),
     (["--seeds", "1,-1"], "--seeds must be >= 0, got -1"),
@@ -334,18 +335,25 @@ def test_grid_checks_everything_before_it_writes(tmp_path, capsys, refused, flag
 
 def test_flags_that_a_regimes_data_refuses_are_refused_before_any_run(tmp_path, capsys, refused):
     """A --block-size after '--' that a regime's samples do not fit (or a --vocab-size its vocabulary): train.py's
-    dry run says so once the data is there, for every regime, before a run starts or a train.out is written;
-    the data made is kept for the next command, and the same command refuses it before it writes anything."""
+    dry run says so, naming the regime, once its data is there: a regime's made now before a run starts or a
+    train.out is written (the data kept for the next command), one's already there before anything is written."""
     args = ["--fields", "mod", "--targets", "answer,steps", "--tiers", "2", "--train-size", "40", "--test-size", "6",
             "--out-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "data")]
-    for again in (False, True):  # (the answer regime's samples, of 10 tokens, fit; the steps regime's, of 14, not)
-        err = error_of(grid.main, [*args, "--", "--block-size=12"], capsys)
-        assert err.endswith("a sample of 14 tokens does not fit --block-size=12")
-        assert not (tmp_path / "out").exists() and len(list((tmp_path / "data").iterdir())) == 2
-    # with the first regime's data there, before anything is written (a vocabulary of 19 tokens)
-    assert "--vocab-size=8 is smaller than the arithmetic vocabulary (19)" in error_of(
+    steps = "mod11-steps-operators-2"  # (the answer regime's samples, of 10 tokens, fit a block of 12; its, of 14, not)
+    line = f"grid.py: error: train.py, as the grid runs it on {steps}: a sample of 14 tokens does not fit " \
+        "--block-size=12"
+    for targets in ("steps", "answer,steps"):  # (the second: the answer regime's data is not made either)
+        assert error_of(grid.main, [*args[:3], targets, *args[4:], "--", "--block-size=12"], capsys) == line
+        assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "data").iterdir()] == [steps]
+    assert f"on {steps}: --vocab-size=8 is smaller than the arithmetic vocabulary (19)" in error_of(
         grid.main, [*args, "--", "--vocab-size=8"], capsys)
-    assert not (tmp_path / "out").exists()
+    held = cli.hold_folder(tmp_path / "data" / steps, "a test")  # (prepare_data.py, writing it: no data to check yet)
+    try:
+        assert error_of(grid.main, [*args, "--", "--block-size=12"], capsys) == f"grid.py: error: {tmp_path / 'data'}" \
+            f"/{steps} is in use by another process (a prepare_data.py preparing it? wait for it to end)"
+    finally:
+        os.close(held)
+    assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "data").iterdir()] == [steps]
 
 
 def test_each_run_is_a_process_of_its_own_under_a_launcher_too(monkeypatch):

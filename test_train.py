@@ -1090,8 +1090,8 @@ def test_a_dry_run_checks_the_data_where_it_is_there(answer_dir, tmp_path, capsy
         assert message in error_of(train.main, [*epochs, *extra, "--dry-run"], capsys)
         train.main([*epochs, *extra, f"--data-dir={tmp_path / 'none'}", "--dry-run"])
         printed = capsys.readouterr().out
-        assert f"no data in {tmp_path / 'none'} yet; nothing was written; the run sets max_steps from --epochs" \
-            in printed
+        assert f"no data in {tmp_path / 'none'} yet, so none was checked; nothing was written; the run sets " \
+            "max_steps from --epochs" in printed
     train.main([*epochs, "--stop-at=13", "--dry-run"])
     printed = capsys.readouterr().out
     assert '"max_steps": 13' in printed and printed.endswith("the data and the checkpoints they name check out; "
@@ -1234,6 +1234,11 @@ def test_a_language_run_reads_only_the_shards_it_began_with(tmp_path, capsys):
             assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1) == \
                 f"sample.py: error: {line}"
         (folder / name).write_bytes(kept) if kept else (folder / name).unlink()
+    folder.rename(tmp_path / "moved")  # moved away: an evaluation may read them elsewhere, a resumed run may not
+    assert "give --data-dir" not in error_of(train.main, ["--out-dir", str(run), "--resume"], capsys, code=1)
+    assert error_of(sample.main, ["--out-dir", str(run), "--eval"], capsys, code=1) == f"sample.py: error: no val " \
+        f"shards in {folder}: give --data-dir the folder that holds the run's shards now"
+    (tmp_path / "moved").rename(folder)
     train.main(["--out-dir", str(run), "--resume"])  # its own shards again
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
