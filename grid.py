@@ -271,7 +271,9 @@ def check_kept(out, router, seed, task, config, args, command):
 
 def train_command(router, seed, data_dir, out, args, extra, fit=()):
     """The command line of one run: train.py's arith preset, this regime's data and size, the flags after --."""
-    block_vocab = [f"--block-size={fit[0]}", f"--vocab-size={fit[1]}"] if fit else []
+    # (a model that --init-from starts from keeps its own vocabulary: one fitted to the regime would be refused)
+    block_vocab = [f"--block-size={fit[0]}", *[f"--vocab-size={fit[1]}"] * (not named(extra, ["--init-from"]))] \
+        if fit else []
     return [sys.executable, str(Path(__file__).with_name("train.py")), "--preset=arith", f"--router={router}",
             f"--seed={seed}", f"--data-dir={data_dir}", f"--out-dir={out}", f"--epochs={args.epochs}", *block_vocab,
             f"--eval-samples={args.test_size}", *extra]

@@ -356,6 +356,15 @@ def test_flags_that_a_regimes_data_refuses_are_refused_before_any_run(tmp_path, 
     assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "data").iterdir()] == [steps]
 
 
+def test_a_run_that_starts_from_another_model_keeps_its_vocabulary():
+    """The grid fits each run's block and vocabulary to its regime; but a model that --init-from (after '--') starts
+    from has a vocabulary of its own, which train.py refuses to see another of: the block alone is fitted then."""
+    args = SimpleNamespace(epochs=1.0, test_size=6)
+    for extra, fitted in (([], ["--block-size=16", "--vocab-size=24"]), (["--init-from=run"], ["--block-size=16"])):
+        cmd = grid.train_command("lime", 1, Path("data"), Path("out"), args, extra, (16, 24))
+        assert [a for a in cmd if a.startswith(("--block-size", "--vocab-size"))] == fitted
+
+
 def test_each_run_is_a_process_of_its_own_under_a_launcher_too(monkeypatch):
     """A launcher's RANK (or torchrun's, around grid.py) would make every run a rank of one distributed job."""
     for name, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_PORT="29500", KEEP="me").items():
