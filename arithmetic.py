@@ -508,6 +508,28 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
         prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
 
 
+def check_preparable(data_dir, task, seed=0, train_size=50_000, test_size=1000):
+    """What prepare() refuses of a folder that holds no data yet, found without writing (train.py --dry-run)."""
+    problem = folder_problem(data_dir)
+    if problem:
+        raise DataError(f"cannot write {data_dir}: {problem}")
+    replaced(Path(data_dir), regime_of(task, seed, train_size, test_size))
+
+
+def replaced(data_dir, want, overwrite=False):
+    """The files by the data's names in data_dir, which a preparation replaces: an error for one that is no file, or
+    for files no preparation left (not_ours) unless `overwrite`."""
+    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)]
+    # (a folder: it could not be replaced, nor deleted; also a link to nowhere, which check_a_file's exists() passes)
+    odd = next((p for p in there if not p.is_file()), None)
+    if odd:
+        raise DataError(f"{odd} is not a file{NOT_DATA}")
+    theirs = not overwrite and not_ours(data_dir)
+    if theirs:  # (the command, not "--overwrite": train.py's presets call this too, and their --overwrite is the run's)
+        raise UsageError(f"{theirs}: move them away, or replace them with `{command(want, data_dir)} --overwrite`")
+    return there
+
+
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     """prepare()'s work, in the folder it holds."""
     want = regime_of(task, seed, train_size, test_size)
@@ -532,14 +554,7 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
             differs = ", ".join(f"{k} {show(have.get(k))} (not {show(v)})" for k, v in want.items() if have.get(k) != v)
             raise UsageError(f"{data_dir} already holds {describe(have)}, with {differs}: give another "
                              "--data-dir, or --overwrite to replace it")
-    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)]
-    # (a folder: it could not be replaced, nor deleted; also a link to nowhere, which check_a_file's exists() passes)
-    odd = next((p for p in there if not p.is_file()), None)
-    if odd:
-        raise DataError(f"{odd} is not a file{NOT_DATA}")
-    theirs = not overwrite and not_ours(data_dir)
-    if theirs:  # (the command, not "--overwrite": train.py's presets call this too, and their --overwrite is the run's)
-        raise UsageError(f"{theirs}: move them away, or replace them with `{command(want, data_dir)} --overwrite`")
+    there = replaced(data_dir, want, overwrite)
     marker = data_dir / UNFINISHED
     data = generate(task, seed, train_size, test_size)
     # what the new data does not replace itself goes first, meta.json with it: from here until the new one is written

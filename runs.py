@@ -1202,11 +1202,15 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     """load_data() for a training run, checked against its model. `generates`: the arithmetic regime that the
     run's preset makes in its own folder `home` when that has none; another folder without data is an error
     that gives the command making it. A vocabulary or a sample that does not fit the model is a UsageError.
-    A dry run makes nothing: data not there yet is None, for the run itself to make or to ask for."""
+    A dry run makes nothing: data not there yet is None, for the run itself to make (checked as far as it can be
+    without writing) or to ask for."""
     folder = Path(cfg.data_dir)
     # (a task's meta.json is written last; another data set's folder: any file in it)
     there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
     if dry_run and (not there or being_written(folder)):
+        makes = generates and cfg.data == "arithmetic" and cfg.data_dir == home  # (the preset's own task, here)
+        if makes and not there:  # what the run's preparation of the folder would refuse, refused now
+            arithmetic.check_preparable(folder, generates)
         return None
     if generates and cfg.data == "arithmetic":
         if cfg.data_dir == home:

@@ -1255,12 +1255,18 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
     home = tmp_path / "data" / "arithmetic-quick"  # the preset's own folder, with the user's files by its data's names
     home.mkdir(parents=True)
     (home / "train.txt").write_text("1 + 2 = 3\n")
-    for flags in ([], ["--overwrite"]):  # (the run's --overwrite is not the data's)
+    for flags in ([], ["--overwrite"], ["--dry-run"]):  # (the run's --overwrite is not the data's; a dry run refuses
+        # it too)
         err = error_of(train.main, ["--preset=tiny", "--out-dir=run", *flags], capsys)
         assert err == f"train.py: error: {home} holds train.txt but no meta.json, and not as data this code was " \
             "writing: move them away, or replace them with `python prepare_data.py arithmetic --data-dir " \
             f"{home} --field int --count operands --tiers 4,5,6 --target steps --overwrite`"
     assert (home / "train.txt").read_text() == "1 + 2 = 3\n" and not (tmp_path / "run").exists()
+    shutil.rmtree(home)
+    home.write_text("")  # a file where the preset's folder goes
+    for flags in ([], ["--dry-run"]):
+        assert error_of(train.main, ["--preset=tiny", "--out-dir=run", *flags], capsys, code=1) == \
+            f"train.py: error: cannot write {home}: {home} is a file, not a folder"
     shutil.rmtree(tmp_path / "data")
     err = error_of(train.main, ["--preset=arith", "--data-dir=mine", "--out-dir=run"], capsys, code=1)
     assert err.endswith(f"`python prepare_data.py arithmetic --data-dir {tmp_path / 'mine'} --field int --count "
