@@ -156,10 +156,10 @@ def main(argv=None):
                 raise UsageError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: {problem}")
         # before the runs' checks: another grid's runs, in training there, read as train.py's folders in use
         refuse_held(args.out_dir, GRID_THERE)
+        folders = {name: Path(args.data_root) / name for name, _ in grid}  # each regime's data
         for name, task in grid:
-            prepare(Path(args.data_root) / name, task, args, generate=False)
-        runs = [(name, router, seed, Path(args.data_root) / name) for name, _ in grid for router in routers
-                for seed in seeds]
+            prepare(folders[name], task, args, generate=False)
+        runs = [(name, router, seed, folders[name]) for name, _ in grid for router in routers for seed in seeds]
         for name, router, seed, _ in runs:  # (a run's output goes to a file of that name, opened as it starts)
             log = run_dir(args, name, router, seed) / "train.out"
             if folder_problem(log.parent):  # (a file where the run's folder goes, say)
@@ -167,7 +167,6 @@ def main(argv=None):
             check_a_file(log, " but a run's output goes by that name: move it away")
         # each regime's data that is there already: the block and vocabulary its runs get (model_fit), and what
         # train.py's dry run checks the flags after '--' against now (a sample past a --block-size given there, say)
-        folders = {name: Path(args.data_root) / name for name, _ in grid}
         fits = {name: model_fit(folder) for name, folder in folders.items() if (folder / "meta.json").exists()}
 
         def check_run(name, router, seed):  # train.py's dry run of a run as the grid starts it: its config
