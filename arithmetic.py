@@ -501,19 +501,22 @@ def prepare(data_dir, task, seed=0, train_size=50_000, test_size=1000, overwrite
     `overwrite`, a UsageError otherwise. The folder is held meanwhile: another process preparing it is waited for,
     and what it made is then looked at as above (two at once wrote a folder of files of either, meta.json of one)."""
     data_dir = Path(data_dir)
-    problem = folder_problem(data_dir)
-    if problem:
-        raise DataError(f"cannot write {data_dir}: {problem}")
+    check_writable(data_dir)
     with holding(data_dir, "preparing this data?", wait=True):
         prepare_held(data_dir, task, seed, train_size, test_size, overwrite)
 
 
 def check_preparable(data_dir, task, seed=0, train_size=50_000, test_size=1000):
     """What prepare() refuses of a folder that holds no data yet, found without writing (train.py --dry-run)."""
+    check_writable(data_dir)
+    replaced(Path(data_dir), regime_of(task, seed, train_size, test_size))
+
+
+def check_writable(data_dir):
+    """A DataError where data_dir cannot be a folder to write in (a file by its name, say)."""
     problem = folder_problem(data_dir)
     if problem:
         raise DataError(f"cannot write {data_dir}: {problem}")
-    replaced(Path(data_dir), regime_of(task, seed, train_size, test_size))
 
 
 def replaced(data_dir, want, overwrite=False):
