@@ -1177,10 +1177,17 @@ def check_of_folder(ckpt, out_dir):
                         f"{', '.join(other)}; move the one that is not this run's away")
 
 
+def check_data_dir(cfg):
+    """A UsageError where the data's folder is a file (its meta.json, say) or a FIFO: no data there, nor to be made."""
+    if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():
+        raise UsageError(f"{cfg.data_dir} is not a folder: give --data-dir the folder that holds the data")
+
+
 def load_data(cfg, with_train=True, new_model=False):
     """The data set a run's config names (a training config, or a saved one), its training split too
     unless with_train is False. It must fit the model: its samples the block, its tokens the vocabulary. A new
     run's flags set them (training_data says which to give); a saved model's are fixed, and the data is at fault."""
+    check_data_dir(cfg)
     # NOTE else a run would read what is there so far: some shards, or a folder's files of two versions
     refuse_writing(cfg.data_dir)
     data = DATASETS[cfg.data](cfg, with_train)
@@ -1205,23 +1212,25 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     A dry run makes nothing: data not there yet is None, for the run itself to make (checked as far as it can be
     without writing) or to ask for."""
     folder = Path(cfg.data_dir)
+    makes = generates and cfg.data == "arithmetic" and cfg.data_dir == home  # (the preset's own task, here)
+    if not makes:  # (the preset's preparation refuses a file there itself: arithmetic.check_writable)
+        check_data_dir(cfg)  # before "no data there: make it with prepare_data.py", which would refuse a file too
     # (a task's meta.json is written last; another data set's folder: any file in it)
     there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
     if dry_run and (not there or being_written(folder)):
-        makes = generates and cfg.data == "arithmetic" and cfg.data_dir == home  # (the preset's own task, here)
         if makes and not there:  # what the run's preparation of the folder would refuse, refused now
             arithmetic.check_preparable(folder, generates)
         return None
-    if generates and cfg.data == "arithmetic":
-        if cfg.data_dir == home:
-            if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
-                print(f"preparing the arithmetic task in {home} (once, offline)")
-                arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
-            if torch.distributed.is_initialized():
-                torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
-        elif not there and run.resume is None and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
-            raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # a folder of one's own (or a mistyped
-                            f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")  # one): its command
+    if makes:
+        if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
+            print(f"preparing the arithmetic task in {home} (once, offline)")
+            arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
+    elif generates and cfg.data == "arithmetic" and not there and run.resume is None \
+            and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
+        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # a folder of one's own (or a mistyped
+                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")  # one): its command
     data = load_data(cfg, new_model=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""

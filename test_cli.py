@@ -434,10 +434,9 @@ def test_a_fifo_by_a_files_name_is_refused_not_waited_on(arith_dir, arith_run, t
         os.mkfifo(tmp_path / "fifo")
         flags = ["--preset=tiny", "--data=shakespeare", f"--data-dir={tmp_path / 'fifo'}", "--vocab-size=320",
                  f"--out-dir={tmp_path / 'run'}"]
-        err = error_of(train.main, flags, capsys, 1)
-        assert err.startswith(f"train.py: error: no val shards in {tmp_path / 'fifo'}")
-        train.main([*flags, "--dry-run"])
-        assert f"no data in {tmp_path / 'fifo'} yet" in capsys.readouterr().out
+        for dry in ([], ["--dry-run"]):
+            assert error_of(train.main, [*flags, *dry], capsys, 2) == \
+                f"train.py: error: {tmp_path / 'fifo'} is not a folder: give --data-dir the folder that holds the data"
 
 
 def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
@@ -822,6 +821,10 @@ BAD_INPUTS = [
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md'}"), 2, "is a file, not a folder"),
     ("train", lambda a, r, t: tiny_args(a, t / "run", f"--out-dir={t / 'notes.md' / 'run'}"), 2,
      "notes.md is a file, not a folder"),
+    # a file for the data's folder: not "no data there, make it with prepare_data.py", which refuses a file too
+    *(("train", lambda a, r, t, dry=dry: tiny_args(a, t / "run", f"--data-dir={t / 'notes.md'}", *dry), 2,
+       "notes.md is not a folder: give --data-dir the folder that holds the data")
+      for dry in ([], ["--dry-run"])),
     ("train", train_args("--stop-at=-1"), 2, "--stop-at must be >= 0, got -1"),
     ("train", train_args("--min-lr=5"), 2, "--min-lr=5 is above --lr=0.003, the schedule's peak"),  # (it trained)
     ("train", train_args("--lr=1e300", "--min-lr=0"), 2,  # (a traceback from inside AdamW at the first step)
@@ -864,6 +867,8 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--seed", "1337"], 2,  # at its default: refused too
      "without sampling: not with --seed"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
+    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "notes.md")], 2,
+     "notes.md is not a folder: give --data-dir"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
      "no arithmetic data in"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
