@@ -122,7 +122,7 @@ def results_table(summaries, split="test"):
     mean ± sample standard deviation over them. The metric: accuracy per tier on arithmetic (in %, on the
     test or the validation split; beside them the validation loss, where every run has one), acc on ProsQA,
     perplexity on language. With one run per row, Table 7's layout instead: the metrics (the loss too, beside
-    accuracies) and their change from the `lime` run."""
+    accuracies) and their change from the `lime` run of their setting."""
     prefix = "val_" if split == "val" else ""
     acc = re.compile(rf"{prefix}acc_(\d+)")
     per_run = [{int(m[1]) for k in s if (m := acc.fullmatch(k))} for s in summaries]
@@ -252,17 +252,18 @@ def where_they_ran(summaries):
 
 def single_run_table(rows, metrics):
     """Table 7's layout, for one run per row (by_setting's): each run's metrics as saved, and their change from the
-    `lime` run, where there is one."""
-    keys, summaries = list(rows), [runs[0] for runs in rows.values()]
-    base = next((s for s in summaries if s["router"] == "lime"), None)
+    `lime` run of its setting (lime_row: at its depth, in a depth ablation), where there is one."""
+    keys = list(rows)
+    bases = {key: lime_row(key, rows) for key in keys}
     names = ["perplexity" if m == "val_ppl" else m.replace("val_", "val ") for m in metrics]  # as the other table
     head = ["router", *names]
-    if base:
-        head += [f"change to lime ({m})" for m in names]  # (with two lime rows: the one whose change is "-")
+    if any(bases.values()):
+        head += [f"change to lime ({m})" for m in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s, key in zip(summaries, keys):
+    for key in keys:
+        s, base = rows[key][0], bases[key] and rows[bases[key]][0]
         cells = [row_name(key, keys), *(show_value(m, s[m]) for m in metrics)]
-        if base:
-            cells += ["-" if s is base else change(m, s[m], base[m]) for m in metrics]
+        if any(bases.values()):
+            cells += ["-" if base is None or base is s else change(m, s[m], base[m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
