@@ -360,6 +360,7 @@ def init_checkpoint(cfg, given):
     try:
         init = read_checkpoint(cfg["init_from"])
         source = check_config(init["config"], Path(cfg["init_from"]) / "ckpt.pt", GPTConfig)  # only the model's
+        check_of_folder(init, cfg["init_from"])  # (the run it starts from is the one its folder names)
     except DataError as e:
         raise DataError(f"--init-from: {e}") from None
     shape = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "block_size"]
@@ -1161,20 +1162,27 @@ def load_checkpoint(out_dir, device, data_dir=None):
 
 def check_of_folder(ckpt, out_dir):
     """A DataError where the checkpoint read from out_dir is of another model or seed than the folder's config.json
-    names: a folder of two runs (a ckpt.pt copied in by hand), which would be scored, drawn or pruned as the one it
-    names. Nothing to compare with where config.json is missing or damaged: the checkpoint says what it is, as
-    --resume takes it."""
-    written = Path(out_dir) / "config.json"
-    try:
-        run = read_json(written) if written.exists() else {}
-    except DataError:
-        run = {}
+    names, or of a step before the end of the finished run that its summary.json describes: a folder of two runs (a
+    ckpt.pt copied in by hand, or restored from a backup), which would be scored, drawn, pruned or started from as the
+    one it names. Nothing to compare with where those files are missing or damaged: the checkpoint says what it is,
+    as --resume takes it."""
+    def read(name):
+        try:
+            return read_json(Path(out_dir) / name) if (Path(out_dir) / name).exists() else {}
+        except DataError:
+            return {}
+
+    run, ended = read("config.json"), read("summary.json").get("steps")
     other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})"
              for k in [*(f.name for f in dataclasses.fields(GPTConfig)), "seed"]
              if k in run and k in ckpt["config"] and run[k] != ckpt["config"][k]]
     if other:
-        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {written} describes: it has "
-                        f"{', '.join(other)}; move the one that is not this run's away")
+        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {Path(out_dir) / 'config.json'} "
+                        f"describes: it has {', '.join(other)}; move the one that is not this run's away")
+    if of_kind(ended, int) and ckpt["step"] < ended:  # (a finished run's last checkpoint is of its last step)
+        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is of step {ckpt['step']}, before the end of the finished run "
+                        f"there (step {ended}, its summary.json), and would be taken for that run; move summary.json "
+                        "away to use the checkpoint as it is")
 
 
 def check_data_dir(cfg):

@@ -1143,6 +1143,15 @@ DAMAGED = [
      "config.json describes: it has seed 7 (config.json: 1337)"),
     ("analyze", then(hand_edit(seed=7), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1,
      "describes: it has seed 7 (config.json: 1337); move"),  # (not a pruned model saved of the other run)
+    ("train", then(hand_edit(seed=7), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+     ("--init-from: ", "config.json describes: it has seed 7 (config.json: 1337)")),  # (not started from as that run)
+    # an older checkpoint of the run (restored from a backup): scored, drawn or started from as the finished run
+    *((script, then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)), argv), 1,
+       "ckpt.pt is of step 3, before the end of the finished run there (step 6, its summary.json), and would be "
+       "taken for that run; move summary.json away to use the checkpoint as it is")
+      for script, argv in (("sample", lambda d, r, t: ["--out-dir", str(r), "--eval"]),
+                           ("analyze", lambda d, r, t: ["routes", "--out-dir", str(r)]),
+                           ("train", lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")))),
     ("sample", then(lambda d, r, t: edit_settings(r, block_size=16),
                     lambda d, r, t: ["--out-dir", str(r), "--eval", f"--data-dir={d}"]), 1,
      "holds a sample of 50 tokens, longer than the model's block_size=16"),  # (a flag cannot make it fit)
@@ -1207,7 +1216,7 @@ DAMAGED = [
       ".weight\"", "; has its method's code changed since?)")),
     ("sample", then(hand_edit(n_layer=100_000), lambda d, r, t: ["--out-dir", str(r)]), 1,  # (not minutes building)
      "ckpt.pt holds a model its config does not describe (n_layer 100000, and weights of 2 blocks)"),
-    ("train", then(hand_edit(n_layer=100_000),
+    ("train", then(hand_edit(n_layer=100_000), config_edit(n_layer=100_000),  # (the folder's run, so edited)
                    lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")), 1,
      ("--init-from: ", "ckpt.pt holds a model its config does not describe (n_layer 100000, and weights of 2 ")),
     ("analyze", then(hand_edit(mlp_hidden=2**30), lambda d, r, t: ["routes", "--out-dir", str(r)]), 1,  # (not 16 GB)
@@ -1298,7 +1307,7 @@ DAMAGED = [
     ("train", then(on_the_copy, hand_edit(vocab_size=2048), config_edit(vocab_size=2048),
                    lambda d, r, t: [*resume(d, r, t), "--dry-run"]), 1,
      ("--resume: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
-    ("train", then(hand_edit(vocab_size=2048),
+    ("train", then(hand_edit(vocab_size=2048), config_edit(vocab_size=2048),
                    lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}", "--dry-run")), 1,
      ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"].update(
@@ -1314,7 +1323,8 @@ DAMAGED = [
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=-3)), lambda d, r, t: ["--out-dir",
                                                                                                      str(r)]), 1,
      "is not a checkpoint of train.py: its 'step' is -3"),
-    ("train", then(hand_edit(vocab_size=2048), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
+    ("train", then(hand_edit(vocab_size=2048), config_edit(vocab_size=2048),
+                   lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "ckpt.pt holds weights its config does not describe (size mismatch")),  # the file's fault
     ("train", then(hand_edit(n_embd=30), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "ckpt.pt: in its saved config, n_embd=30 must split into n_head=2 heads of even size")),
