@@ -1143,6 +1143,14 @@ DAMAGED = [
      "config.json describes: it has seed 7 (config.json: 1337)"),
     ("analyze", then(hand_edit(seed=7), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu"]), 1,
      "describes: it has seed 7 (config.json: 1337); move"),  # (not a pruned model saved of the other run)
+    # a log that lost its last rows (the run's steps 7-12, and its evaluation at 12): not a curve cut short
+    ("analyze", then(lambda d, r, t: write(r / "summary.json",
+                                           json.dumps({**json.loads((r / "summary.json").read_text()), "steps": 12})),
+                     lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")]), 1,
+     "log.jsonl: its last evaluation is of step 6, before the end of the finished run (step 12, its summary.json): its "
+     "log is cut short"),
+    ("analyze", then(config_edit(seed=7), lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")]), 1,
+     "config.json is not of the run that its summary.json describes: its 'seed' is 7, the summary's 1337"),
     ("train", then(hand_edit(seed=7), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "config.json describes: it has seed 7 (config.json: 1337)")),  # (not started from as that run)
     # an older checkpoint of the run (restored from a backup): scored, drawn or started from as the finished run
