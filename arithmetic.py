@@ -519,14 +519,20 @@ def check_writable(data_dir):
         raise DataError(f"cannot write {data_dir}: {problem}")
 
 
-def replaced(data_dir, want, overwrite=False):
-    """The files by the data's names in data_dir, which a preparation replaces: an error for one that is no file, or
-    for files no preparation left (not_ours) unless `overwrite`."""
-    there = [p for p in sorted(data_dir.glob("*")) if FILES.fullmatch(p.name)]
-    # (a folder: it could not be replaced, nor deleted; also a link to nowhere, which check_a_file's exists() passes)
+def data_files(data_dir):
+    """The files by the data's names in data_dir; a DataError for one that is no file, which --overwrite could neither
+    replace nor delete (a folder; also a link to nowhere, which check_a_file's exists() passes)."""
+    there = [p for p in sorted(Path(data_dir).glob("*")) if FILES.fullmatch(p.name)]
     odd = next((p for p in there if not p.is_file()), None)
     if odd:
         raise DataError(f"{odd} is not a file{NOT_DATA}")
+    return there
+
+
+def replaced(data_dir, want, overwrite=False):
+    """The files by the data's names in data_dir, which a preparation replaces (data_files): an error for files no
+    preparation left (not_ours) unless `overwrite`."""
+    there = data_files(data_dir)
     theirs = not overwrite and not_ours(data_dir)
     if theirs:  # (the command, not "--overwrite": train.py's presets call this too, and their --overwrite is the run's)
         raise UsageError(f"{theirs}: move them away, or replace them with `{command(want, data_dir)} --overwrite`")
@@ -536,6 +542,7 @@ def replaced(data_dir, want, overwrite=False):
 def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
     """prepare()'s work, in the folder it holds."""
     want = regime_of(task, seed, train_size, test_size)
+    data_files(data_dir)  # (first: not "cannot be read ...: --overwrite to replace it", which could not)
     if not overwrite and (data_dir / "meta.json").exists():  # (without it: unfinished, or not_ours, below)
         try:
             have = holds(data_dir)

@@ -1400,6 +1400,11 @@ DAMAGED = [
     ("prepare_data", then(lambda d, r, t: write(d / "meta.json", "{"),
                           lambda d, r, t: ["arithmetic", "--data-dir", str(d)]), 2,
      "holds arithmetic data that cannot be read ("),
+    *(("prepare_data", then(lambda d, r, t: ((d / "val_4.txt").unlink(), (d / "val_4.txt").mkdir()),
+                            lambda d, r, t, more=more: ["arithmetic", "--data-dir", str(d), "--count=operands",
+                                                        "--train-size=100", "--test-size=10", *more]), 1,
+       "val_4.txt is not a file but the data's files go by that name: move it away")  # (not "--overwrite to replace
+      for more in ([], ["--overwrite"])),  # it", which cannot)
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t / "notes.md" / "b.json")], 2,
      "notes.md is a file, not a folder"),
     ("bench", lambda d, r, t: ["--device", "cpu", "--json", str(t)], 2, "is not a file"),  # a folder
