@@ -474,6 +474,14 @@ def parse_args(argv):
             (args.json.endswith(("/", os.sep)) and "a folder's name, not a file's")  # (Path drops the slash)
         if problem:
             raise UsageError(f"--json={args.json}: {problem}")
+        # NOTE --overwrite replaces bench.py's own figures only: not a run's summary.json named by mistake (--suite
+        # without it reads the file, and says what is wrong with one of its own)
+        if Path(args.json).exists() and not args.worker and (args.overwrite or not args.suite):
+            try:
+                read_json(args.json, keys=("device", "torch", "dtype"))
+            except DataError:  # (damaged, or another file: a run's summary.json)
+                raise UsageError(f"--json={args.json} is not a file of bench.py's figures, which alone --overwrite "
+                                 "replaces: give another file, or move it away") from None
         if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):
             raise UsageError(f"--json={args.json} already holds figures: give another file, or --overwrite to "
                              "replace them")

@@ -347,6 +347,8 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
     here = f"cpu ({torch.get_num_threads()} threads)"  # this device, under another torch: its figures are kept too
     older = tmp_path / "older.json"
     older.write_text(json.dumps({**gpu, "device": here, "torch": "1.0.0", "dtype": "float32", "compile": "off"}))
+    run = tmp_path / "summary.json"  # a run's
+    run.write_text(json.dumps({"router": "lime", "val_ppl": 16.0}))
     compiled = tmp_path / "compiled.json"  # this device and torch, its models compiled: not kept beside uncompiled
     compiled.write_text(json.dumps({**gpu, "device": here, "torch": torch.__version__, "dtype": "float32",
                                     "compile": "on"}))
@@ -356,11 +358,14 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
                                                             "off: give"),
                            (suite + ["--json", str(compiled)], f"holds the suite of {here}, torch {torch.__version__}, "
                                                                "float32, compile on: give"),
-                           (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")]:
+                           (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")] + [
+            # NOTE --overwrite replaces bench.py's figures alone: not a run's file named by mistake
+            (flags + ["--json", str(run), "--overwrite"], f"--json={run} is not a file of bench.py's figures, which "
+             "alone --overwrite replaces: give another file, or move it away") for flags in (quick, suite)]:
         with pytest.raises(SystemExit) as e:
             bench.main(flags)
         assert e.value.code == 2 and message in capsys.readouterr().err
-    assert json.loads(held.read_text()) == gpu
+    assert json.loads(held.read_text()) == gpu and json.loads(run.read_text())["router"] == "lime"
     assert bench.main(suite + ["--overwrite"])["device"] == here  # --suite too: not gone on from (replaced part by
     # part as they are timed: none here)
     bench.main(quick + ["--overwrite"])
@@ -374,7 +379,7 @@ def test_bench_keeps_figures_another_process_wrote_while_it_ran(tmp_path, capsys
     measure = bench.measure
 
     def meanwhile(*args, **kwargs):  # (another process, as this one times its modes; each time another size)
-        path.write_text(json.dumps({"theirs": "x" * len(str(flags))}))
+        path.write_text(json.dumps({"device": "cpu", "torch": "x", "dtype": "x", "theirs": "x" * len(str(flags))}))
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(bench, "measure", meanwhile)
@@ -386,7 +391,7 @@ def test_bench_keeps_figures_another_process_wrote_while_it_ran(tmp_path, capsys
         assert e.value.code == 2 and capsys.readouterr().err == f"bench.py: error: --json={path} was written by " \
             "another process while this one ran: it keeps that one's figures (this one's are above); give another " \
             "file\n"
-        assert json.loads(path.read_text()) == {"theirs": "x" * len(str(flags))}
+        assert json.loads(path.read_text())["theirs"] == "x" * len(str(flags))
 
 
 def test_bench_defaults_follow_the_device(monkeypatch):
