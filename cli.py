@@ -249,6 +249,12 @@ def is_accuracy(key):
     return re.fullmatch(r"(val_)?acc(_\d+)?", key) is not None
 
 
+def shown(value, most=80):
+    """A config's value in a line: its repr, cut short past `most` characters (a run's shards: a dict of 99 files)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def show_value(key, value):
     """An accuracy in percent ('31.0%'), as the README shows them, anything else to 4 decimals ('0.2653').
     summary.json and log.jsonl keep accuracies as fractions."""

@@ -23,7 +23,7 @@ before anything is written, and for a regime made now once it is made, before an
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (DataError, Parser, UsageError, a_path, check_a_file, folder_problem, holding, one_line_errors,
-                 read_json, refuse_held, refuse_writing)
+                 read_json, refuse_held, refuse_writing, shown)
 
 import ctypes
 import json
@@ -40,7 +40,7 @@ from pathlib import Path
 import arithmetic
 from methods import distinct, router_forms
 from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
-from tables import by_setting, differences, results_table, shown
+from tables import by_setting, differences, results_table
 
 # what a grid's --out-dir that another process holds may be, and what to do
 GRID_THERE = "a grid.py still running there? wait for it to end, or give another --out-dir"

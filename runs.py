@@ -31,7 +31,7 @@ import arithmetic
 import prosqa
 from cli import (POSITIVE, SIZE, DataError, Interrupted, Parser, UsageError, a_path, atomic_write, being_written,
                  check_a_file, default_shown, file_state, folder_problem, hold_folder, is_accuracy, one_line_errors,
-                 option, pick_device, read_json, refuse_held, refuse_writing, same_folder)
+                 option, pick_device, read_json, refuse_held, refuse_writing, same_folder, shown)
 from data import OtherShards, TaskRows, TokenData
 from lime import GPT, GPTConfig
 from pruning import prunable_routers
@@ -1077,9 +1077,9 @@ def read_record(path, config=False):
     record = read_json(path, keys=("router", "out_dir") if config else ("router",))
     for key, kind in dict(router=str, preset=str, seed=int, steps=int, max_steps=int, task=dict, config=dict).items():
         null = record.get(key) is None and key not in ("router", "config")  # (a router and a config are never null)
-        if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0,
-                                           kind is int and record[key] < 0):  # as read_log's steps)
-            raise DataError(f"{path} is not what this repo writes: its {key!r} is {record[key]!r}")
+        if key in record and not null and (not of_kind(record[key], kind) or  # (a seed, a count of steps: >= 0 and
+                                           kind is int and not 0 <= record[key] < 2**63):  # 64-bit, as read_log's)
+            raise DataError(f"{path} is not what this repo writes: its {key!r} is {shown(record[key], 40)}")
     for key, value in record.items():  # the metrics tables average: train.py stops before one is not finite
         fault = metric_fault(key, value)
         if fault:

@@ -11,7 +11,7 @@ import math
 import re
 import statistics
 
-from cli import DataError, UsageError, is_accuracy, show_value
+from cli import DataError, UsageError, is_accuracy, show_value, shown
 from runs import NOT_THE_SETTING, ran_on, seed_group, setting
 
 
@@ -101,12 +101,6 @@ ABSENT = type("Absent", (), dict(__repr__=lambda self: "(absent)"))()  # a place
 def named(place, value):
     """A row's value at one place, as its name shows it: 'n_layer 8'; 'no prunings' where a field is not set (None)."""
     return f"no {place}" if value is None else f"{place} {shown(value, 40)}"
-
-
-def shown(value, most=80):
-    """A config's value in a line: its repr, cut short past `most` characters (a run's shards: a dict of 99 files)."""
-    text = repr(value)
-    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def mean_sd(values):

@@ -1441,6 +1441,8 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "steps": -3, "acc_4": 0.5}'),
                      lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: its 'steps' is -3"),  # (not a row of '-3 steps')
+    ("analyze", then(config_edit(max_steps=10**400), lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")]), 1,
+     "config.json is not what this repo writes: its 'max_steps' is 1000000000000000000000000000000000000..."),
     ("analyze", then(lambda d, r, t: write(r / "summary.json", '{"router": "lime", "acc_4": 0.5, "config": null}'),
                      lambda d, r, t: ["table", str(r)]), 1,
      "summary.json is not what this repo writes: its 'config' is None"),
