@@ -345,14 +345,10 @@ def cmd_table(args):
 def eval_rows(run_dir):
     """A run's config.json and the evaluations its log.jsonl holds (finished or not)."""
     config = runs.read_record(run_dir / "config.json", config=True)
-    try:  # a finished run's config.json is the config its summary.json holds: else a curve named as the other run
-        summary = runs.read_summary(run_dir) if (run_dir / "summary.json").exists() else {}
-    except DataError:
-        summary = {}  # (damaged: nothing to compare with, and the curves do not read it)
-    made = summary.get("config", {})
-    if differ := [k for k in ("router", "seed", "preset") if k in made and made[k] != config.get(k)]:
+    summary = runs.summary_if_whole(run_dir)  # a finished run's: its config is config.json's, its steps the log's
+    if differ := runs.other_run(config, summary.get("config", {})):  # (else a curve named as the other run)
         raise DataError(f"{run_dir / 'config.json'} is not of the run that its summary.json describes: its "
-                        f"{differ[0]!r} is {config.get(differ[0])!r}, the summary's {made[differ[0]]!r}")
+                        f"{differ!r} is {config[differ]!r}, the summary's {summary['config'][differ]!r}")
     if not (run_dir / "log.jsonl").exists():
         raise DataError(f"no {run_dir / 'log.jsonl'}: not a run folder, or a run not started yet")
     rows, notice = runs.read_log(run_dir / "log.jsonl")
@@ -363,7 +359,7 @@ def eval_rows(run_dir):
         raise DataError(f"{run_dir / 'log.jsonl'} holds no evaluation, but the run has finished (summary.json): "
                         "its log is damaged")
     ended = summary.get("steps")  # (a finished run evaluates its last step: a curve cut short draws no run's end)
-    if rows and runs.of_kind(ended, int) and rows[-1]["step"] < ended:
+    if rows and ended is not None and rows[-1]["step"] < ended:
         raise DataError(f"{run_dir / 'log.jsonl'}: its last evaluation is of step {rows[-1]['step']}, before the end "
                         f"of the finished run (step {ended}, its summary.json): its log is cut short")
     for r in rows:  # (each one's metrics read_log has checked)

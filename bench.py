@@ -88,6 +88,7 @@ KINDS = [("routing", r"route"), ("attention", r"flash|fmha|sdpa|attention|cudnn"
          ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|linear|matmul|aten::b?mm|addb?mm|MmBackward|triton_tem"),
          ("copies", r"memcpy|memset|clone|contiguous|(?<![a-z])cat|stack")]
 REST = "the rest"  # norms, RoPE, activations, the loss, casts: on CUDA mostly the compiler's fused kernels
+FIGURES = ("device", "torch", "dtype")  # what every --json file of bench.py holds: where and how it measured
 
 
 def kind_of(name):
@@ -474,17 +475,18 @@ def parse_args(argv):
             (args.json.endswith(("/", os.sep)) and "a folder's name, not a file's")  # (Path drops the slash)
         if problem:
             raise UsageError(f"--json={args.json}: {problem}")
-        # NOTE --overwrite replaces bench.py's own figures only: not a run's summary.json named by mistake (--suite
-        # without it reads the file, and says what is wrong with one of its own)
-        if Path(args.json).exists() and not args.worker and (args.overwrite or not args.suite):
-            try:
-                read_json(args.json, keys=("device", "torch", "dtype"))
-            except DataError:  # (damaged, or another file: a run's summary.json)
-                raise UsageError(f"--json={args.json} is not a file of bench.py's figures, which alone --overwrite "
-                                 "replaces: give another file, or move it away") from None
-        if Path(args.json).exists() and not (args.overwrite or args.suite or args.worker):
-            raise UsageError(f"--json={args.json} already holds figures: give another file, or --overwrite to "
-                             "replace them")
+        if Path(args.json).exists() and not args.worker:
+            # NOTE --overwrite replaces bench.py's own figures only: not a run's summary.json named by mistake
+            # (--suite without it reads the file, and says what is wrong with one of its own)
+            if args.overwrite or not args.suite:
+                try:
+                    read_json(args.json, keys=FIGURES)
+                except DataError:  # (damaged, or another file)
+                    raise UsageError(f"--json={args.json} holds no figures of bench.py (a run's summary.json?), and it "
+                                     "replaces only its own: give another file, or move it away") from None
+            if not (args.overwrite or args.suite):
+                raise UsageError(f"--json={args.json} already holds figures: give another file, or --overwrite to "
+                                 "replace them")
     args.json_state = args.json and file_state(args.json)  # as checked: write_json compares it again
     return args, shape
 
@@ -548,7 +550,7 @@ def run_suite(args, argv, out):
     only from this very GPU (or host), so that its ratios come from one machine."""
     kept, others, names = {}, [], [f"{shape}: {what}" for shape, what in SUITE]
     if args.json and Path(args.json).exists() and not args.overwrite:
-        old = read_json(args.json, keys=("device", "torch", "dtype"))
+        old = read_json(args.json, keys=FIGURES)
         if "suite" not in old:
             raise UsageError(f"--json={args.json} holds figures that are not a suite's: give another file, or "
                              "--overwrite to replace them")

@@ -1092,10 +1092,26 @@ def read_record(path, config=False):
     if gap:
         raise DataError(f"{path} is not what this repo writes: {gap}")
     made = record.get("config", {})  # a summary says what its config says (a table row named by one, run as the other)
-    if differ := [k for k in ("router", "seed", "preset") if k in made and k in record and made[k] != record[k]]:
-        raise DataError(f"{path} is not what this repo writes: its {differ[0]!r} is {record[differ[0]]!r}, its "
-                        f"config's {made[differ[0]]!r}")
+    if differ := other_run(record, made):
+        raise DataError(f"{path} is not what this repo writes: its {differ!r} is {record[differ]!r}, its "
+                        f"config's {made[differ]!r}")
     return record
+
+
+def other_run(record, config):
+    """The first of the fields that name a run (router, seed, preset) in which a run's record and a config, both
+    holding it, differ: None where they are of one run."""
+    return next((k for k in ("router", "seed", "preset") if k in record and k in config and record[k] != config[k]),
+                None)
+
+
+def summary_if_whole(run_dir):
+    """A run's summary.json, {} where there is none or it is damaged: what a reader that does not need it compares the
+    run's other files with (nothing, then)."""
+    try:
+        return read_summary(run_dir) if (Path(run_dir) / "summary.json").exists() else {}
+    except DataError:
+        return {}
 
 
 def tier_gap(metrics, task, finished=False):
@@ -1164,25 +1180,23 @@ def check_of_folder(ckpt, out_dir):
     """A DataError where the checkpoint read from out_dir is of another model or seed than the folder's config.json
     names, or of a step before the end of the finished run that its summary.json describes: a folder of two runs (a
     ckpt.pt copied in by hand, or restored from a backup), which would be scored, drawn, pruned or started from as the
-    one it names. Nothing to compare with where those files are missing or damaged: the checkpoint says what it is,
-    as --resume takes it."""
-    def read(name):
-        try:
-            return read_json(Path(out_dir) / name) if (Path(out_dir) / name).exists() else {}
-        except DataError:
-            return {}
-
-    run, ended = read("config.json"), read("summary.json").get("steps")
+    one it names. Nothing to compare with where those files are missing or damaged: the checkpoint says what it is."""
+    written = Path(out_dir) / "config.json"
+    try:
+        run = read_json(written) if written.exists() else {}
+    except DataError:
+        run = {}
+    ended = summary_if_whole(out_dir).get("steps")
     other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})"
              for k in [*(f.name for f in dataclasses.fields(GPTConfig)), "seed"]
              if k in run and k in ckpt["config"] and run[k] != ckpt["config"][k]]
     if other:
-        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {Path(out_dir) / 'config.json'} "
-                        f"describes: it has {', '.join(other)}; move the one that is not this run's away")
-    if of_kind(ended, int) and ckpt["step"] < ended:  # (a finished run's last checkpoint is of its last step)
+        raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is not of the run that {written} describes: it has "
+                        f"{', '.join(other)}; move the one that is not this run's away")
+    if ended is not None and ckpt["step"] < ended:  # (a finished run's last checkpoint is of its last step)
         raise DataError(f"{Path(out_dir) / 'ckpt.pt'} is of step {ckpt['step']}, before the end of the finished run "
-                        f"there (step {ended}, its summary.json), and would be taken for that run; move summary.json "
-                        "away to use the checkpoint as it is")
+                        f"there (step {ended}, its summary.json), and would be taken for that run; copy it into a "
+                        "folder of its own to use it as it is")
 
 
 def check_data_dir(cfg):
@@ -1225,9 +1239,9 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
         check_data_dir(cfg)  # before "no data there: make it with prepare_data.py", which would refuse a file too
     # (a task's meta.json is written last; another data set's folder: any file in it)
     there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
+    if makes and not there:  # what the preparation of the folder would refuse: refused before a word of it, dry or not
+        arithmetic.check_preparable(folder, generates)
     if dry_run and (not there or being_written(folder)):
-        if makes and not there:  # what the run's preparation of the folder would refuse, refused now
-            arithmetic.check_preparable(folder, generates)
         return None
     if makes:
         if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)

@@ -249,15 +249,14 @@ def single_run_table(rows, metrics):
     `lime` run of its setting (lime_row: at its depth, in a depth ablation), where there is one."""
     keys = list(rows)
     bases = {key: lime_row(key, rows) for key in keys}
+    compared = any(base not in (None, key) for key, base in bases.items())  # (a column of dashes says nothing)
     names = ["perplexity" if m == "val_ppl" else m.replace("val_", "val ") for m in metrics]  # as the other table
-    head = ["router", *names]
-    if any(bases.values()):
-        head += [f"change to lime ({m})" for m in names]
+    head = ["router", *names] + ([f"change to lime ({m})" for m in names] if compared else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in keys:
-        s, base = rows[key][0], bases[key] and rows[bases[key]][0]
+        s, base = rows[key][0], bases[key]
         cells = [row_name(key, keys), *(show_value(m, s[m]) for m in metrics)]
-        if any(bases.values()):
-            cells += ["-" if base is None or base is s else change(m, s[m], base[m]) for m in metrics]
+        if compared:
+            cells += ["-" if base in (None, key) else change(m, s[m], rows[base][0][m]) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

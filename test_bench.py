@@ -360,8 +360,9 @@ def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkey
                                                                "float32, compile on: give"),
                            (suite + ["--json", str(plain)], "plain.json holds figures that are not a suite's")] + [
             # NOTE --overwrite replaces bench.py's figures alone: not a run's file named by mistake
-            (flags + ["--json", str(run), "--overwrite"], f"--json={run} is not a file of bench.py's figures, which "
-             "alone --overwrite replaces: give another file, or move it away") for flags in (quick, suite)]:
+            (flags + ["--json", str(run), "--overwrite"], f"--json={run} holds no figures of bench.py (a run's "
+             "summary.json?), and it replaces only its own: give another file, or move it away")
+            for flags in (quick, suite)]:
         with pytest.raises(SystemExit) as e:
             bench.main(flags)
         assert e.value.code == 2 and message in capsys.readouterr().err

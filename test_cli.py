@@ -1156,7 +1156,7 @@ DAMAGED = [
     # an older checkpoint of the run (restored from a backup): scored, drawn or started from as the finished run
     *((script, then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=3)), argv), 1,
        "ckpt.pt is of step 3, before the end of the finished run there (step 6, its summary.json), and would be "
-       "taken for that run; move summary.json away to use the checkpoint as it is")
+       "taken for that run; copy it into a folder of its own to use it as it is")
       for script, argv in (("sample", lambda d, r, t: ["--out-dir", str(r), "--eval"]),
                            ("analyze", lambda d, r, t: ["routes", "--out-dir", str(r)]),
                            ("train", lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")))),
@@ -1669,6 +1669,16 @@ def test_every_damaged_file_is_one_line_and_changes_nothing(arith_dir, arith_run
     messages = message if isinstance(message, tuple) else (message,)
     assert err.startswith(f"{script}.py: error: ") and all(m in err for m in messages), err
     assert snapshot(arith_dir, arith_run, tmp_path) == before
+
+
+def test_a_summary_of_steps_past_64_bits_is_damaged_not_a_later_end(arith_run, tmp_path):
+    """A summary.json whose steps no run reaches (2**70) is damaged: nothing to hold the checkpoint and the log to (as
+    a missing one), not the end of a run that both fall short of (the checkpoint or the log blamed)."""
+    r = tmp_path / "run"
+    shutil.copytree(arith_run, r)
+    write(r / "summary.json", json.dumps({**json.loads((r / "summary.json").read_text()), "steps": 2**70}))
+    runs.check_of_folder(runs.read_checkpoint(r), r)  # (scored and drawn as it is)
+    assert [row["step"] for row in analyze.eval_rows(r)[1]] == [6]
 
 
 def test_arithmetic_data_is_not_given_the_default_regimes_command(arith_dir, arith_run, tmp_path, capsys,
