@@ -1241,7 +1241,12 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
     if makes and not there:  # what the preparation of the folder would refuse: refused before a word of it, dry or not
         arithmetic.check_preparable(folder, generates)
+    missing = generates and cfg.data == "arithmetic" and not makes and not there and run.resume is None and \
+        not arithmetic.finishing(cfg.data_dir)  # (a folder of one's own, or a mistyped one: the run refuses it)
     if dry_run and (not there or being_written(folder)):
+        if missing and not being_written(folder) and run.master:  # (made by then, as grid.py makes its regimes: ok)
+            print(f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
+                  f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
         return None
     if makes:
         if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
@@ -1249,10 +1254,9 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
             arithmetic.prepare(home, generates)  # (over what an interrupted one left, if any)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
-    elif generates and cfg.data == "arithmetic" and not there and run.resume is None \
-            and not arithmetic.finishing(cfg.data_dir):  # (load() says that one)
-        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "  # a folder of one's own (or a mistyped
-                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")  # one): its command
+    elif missing:  # (a finishing one: load() says it)
+        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
+                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
     data = load_data(cfg, new_model=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""

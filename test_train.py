@@ -1089,9 +1089,13 @@ def test_a_dry_run_checks_the_data_where_it_is_there(answer_dir, tmp_path, capsy
                            (["--router-top-p=0.9", "--prune-at=13"], "--prune-at=13 is not before the last step")):
         assert message in error_of(train.main, [*epochs, *extra, "--dry-run"], capsys)
         train.main([*epochs, *extra, f"--data-dir={tmp_path / 'none'}", "--dry-run"])
-        printed = capsys.readouterr().out
+        printed, note = capsys.readouterr()
         assert f"no data in {tmp_path / 'none'} yet, so none was checked; nothing was written; the run sets " \
             "max_steps from --epochs" in printed
+        # which the run refuses, unless it is made meanwhile (as grid.py makes its regimes): a note of what makes it
+        assert note == f"note: no arithmetic data in {tmp_path / 'none'}: the run needs it made first, by `python " \
+            f"prepare_data.py arithmetic --data-dir {tmp_path / 'none'} --field int --count operands --tiers 4,5,6 " \
+            "--target steps`\n"
     train.main([*epochs, "--stop-at=13", "--dry-run"])
     printed = capsys.readouterr().out
     assert '"max_steps": 13' in printed and printed.endswith("the data and the checkpoints they name check out; "
