@@ -80,15 +80,15 @@ class GPTConfig:
 # Routing
 
 
-def route_reference(weight, sources):
+def route_reference(weight, kvs):
     """The routing as the paper writes it, in plain autograd: the specification the fast path (kernels.py)
     is tested against. Autograd saves the stack, a fresh (l + 1)-layer copy per layer: O(L^2) training memory.
-    sources: the K/V (B, T, n_kv, E) of the n_src layers read, in order; n_kv = n_kv_head, E = 2*head_dim
+    kvs: the K/V (B, T, n_kv, E) of the n_src layers read, in order; n_kv = n_kv_head, E = 2*head_dim
     ([keys | values]), or head_dim for the values alone.
 
-        static:     kv~[h] = sum_{j, h'} weight[h, j, h'] * sources[j][h']     weight (n_kv, n_src, n_kv)
-        per token:  kv~[h] = sum_j weight[b, t, h, j] * sources[j][h]          weight (B, T, n_kv, n_src)"""
-    src = torch.stack(sources, dim=2)  # (B, T, n_src, n_kv, E)
+        static:     kv~[h] = sum_{j, h'} weight[h, j, h'] * kvs[j][h']     weight (n_kv, n_src, n_kv)
+        per token:  kv~[h] = sum_j weight[b, t, h, j] * kvs[j][h]          weight (B, T, n_kv, n_src)"""
+    src = torch.stack(kvs, dim=2)  # (B, T, n_src, n_kv, E)
     if weight.dim() == 3:
         return torch.einsum("hjk,btjke->bthe", weight, src)
     return torch.einsum("bthj,btjhe->bthe", weight, src)
@@ -104,19 +104,21 @@ class Router(Method):
                           (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
                           (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
                         A `per_token` router (ablations.py's `dynamic`) returns (B, T, n_kv, n_src) for the
-                        layer's input x (B, T, C), and its token-independent part for x=None.
+                        attention's input x (B, T, C), ln_1 of the stream, and its token-independent part
+                        for x=None.
 
     The rest is derived from these: push or pull (`pulled`), the dense matrix that analysis reads
     (`dense`), whether top-p pruning applies (pruning.prunable), the FLOPs (GPT.estimate_flops) and the
     initial values (GPT.init_weights; then the class's own init_weights(), if any, may set them anew).
-    A model builds a mode's router at layers 1 and up: make_router puts `Own` at layer 0 (nothing earlier to read)."""
+    A model builds the --router method's router at layers 1 and up: make_router puts `Own` at layer 0 (nothing
+    earlier to read)."""
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
     keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; as value-residual)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
         self.layer, self.n_kv = layer, config.n_kv_head
-        self.sources = self.source_layers(layer, J)  # layer ids; route_reference's `sources` are their K/V
+        self.sources = self.source_layers(layer, J)  # layer ids (route_reference's `kvs` are their K/V)
 
     def source_layers(self, layer, J):
         return list(range(layer + 1))
@@ -143,9 +145,9 @@ class Router(Method):
     def pulled(self):
         return self.per_token or not self.keys  # read by its layer (Routing.pull), not pushed by its sources
 
-    def reference(self, sources, x):
-        """The routed K/V by route_reference, from the sources' K/V in `self.sources` order."""
-        return route_reference(self.weights(x) if self.per_token else self.matrix(), sources)
+    def reference(self, kvs, x):
+        """The routed K/V by route_reference, from the sources' K/V `kvs` in `self.sources` order."""
+        return route_reference(self.weights(x) if self.per_token else self.matrix(), kvs)
 
 
 class Own(Router):
@@ -168,11 +170,14 @@ class LIMe(Router):
 
     def __init__(self, config, layer, J=None):
         super().__init__(config, layer, J)
+        # set in GPT.init_weights: the identity on its own heads, Kaiming-uniform elsewhere (NaN until then: an
+        # unset parameter is an error, methods.require_initialised)
         self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources), self.n_kv))
 
 
 def make_router(config, layer):
-    """The router of `layer`: None for `none` and a Residual (nothing to route); else the mode's, `Own` at layer 0."""
+    """The router of `layer`: None for `none` and a Residual (nothing to route); else the --router method's, `Own` at
+    layer 0."""
     cls, J = parse_router(config.router)
     if cls is Own or not issubclass(cls, Router):
         return None
@@ -186,7 +191,11 @@ class Routing:
     token are pushed (see kernels.py): in one op, layer j finishes its own routed K/V and adds its share to
     the running sums of the later layers that read it. Two kinds are pulled by their layer instead (`pull`):
     a `per_token` router (its weights depend on the layer's input) and a router of the values alone (the op
-    routes K and V together). With reference=True every router pulls through route_reference."""
+    routes K and V together). With reference=True every router pulls through route_reference.
+
+    Attention.forward calls it once per layer, in layer order: kv = routing(layer, kv, x). For `lime` at 3 layers,
+    readers = [[1, 2], [2], []]: layer 0's op writes its own kv~_0 and starts the sums of kv~_1 and kv~_2, layer 1's
+    adds its share to kv~_2 and finishes kv~_1, layer 2's finishes kv~_2."""
 
     def __init__(self, routers, readers, reference=False):
         self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
@@ -195,9 +204,10 @@ class Routing:
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
 
     def __call__(self, layer, kv, x):
-        """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) its input -> the routed K/V, same shape."""
+        """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) the attention's input -> the routed K/V, same shape."""
         router = self.routers[layer]
-        self.kvs.append(kv if layer in self.pulled_from else None)  # (under no_grad, a pushed kv goes once pushed)
+        # (None where no pulled layer reads it: held nowhere here, a pushed kv is freed after its push under no_grad)
+        self.kvs.append(kv if layer in self.pulled_from else None)
         pulled = self.reference or router.pulled
         # the push reaches the later pushed layers that read this one, and this one if pushed (its own sum ends here).
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
@@ -208,11 +218,11 @@ class Routing:
         outs = self.push(layer, kv, targets) if targets else {}
         if not pulled:
             return outs[layer]
-        sources = [self.kvs[j] for j in router.sources]
+        kvs = [self.kvs[j] for j in router.sources]
         if router.keys:
-            return self.pull(router, sources, x)
+            return self.pull(router, kvs, x)
         # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
-        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in sources], x)  # values only: (B, T, n_kv, head_dim)
+        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in kvs], x)  # values only: (B, T, n_kv, head_dim)
         return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
 
     def push(self, layer, kv, targets):
@@ -235,14 +245,16 @@ class Routing:
                 targets[j].append(r.layer)
         return targets
 
-    def pull(self, router, sources, x):
-        """sources: the K/V (B, T, n_kv, E) of router.sources, in order -> the routed K/V of the router's layer."""
+    def pull(self, router, kvs, x):
+        """kvs: the K/V (B, T, n_kv, E) of router.sources, in order -> the routed K/V of the router's layer."""
+        if self.reference:
+            return router.reference(kvs, x)
         w = router.weights(x if router.per_token else None)
-        if self.reference or w.dim() == 3:  # (weights across heads: the stack of route_reference)
-            return router.reference(sources, x)
+        if w.dim() == 3:  # weights across heads: route_reference's stack
+            return route_reference(w, kvs)
         # within each head, w (n_kv, n_src) or (B, T, n_kv, n_src): each source's K/V scaled per head, summed; autograd
         # saves the sources themselves, no stacked copy (.type_as: fp32 weights would promote bf16 K/V to fp32)
-        return sum(w[..., i, None] * src for i, src in enumerate(sources)).type_as(sources[0])
+        return sum(w[..., i, None] * kv for i, kv in enumerate(kvs)).type_as(kvs[0])
 
 
 # -----------------------------------------------------------------------------
@@ -370,8 +382,9 @@ class GPT(nn.Module):
             (NOTE so two in a row, Linear-Tanh-Linear, would never learn: such a router sets its own);
           - RMSNorm gains: one;
           - learned routers (weights() a Parameter, its own Linear's too): the identity on the layer's own
-            heads, Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere (the paper's Appendix E writes
-            sqrt(3 / (l + 1) * n_kv), meaning fan_in = (l + 1) n_kv, as the authors' code reads it);
+            heads, Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere, fan_in = (l + 1) n_kv (NOTE the
+            paper's Appendix E prints sqrt(3 / (l + 1) * n_kv), which Python would evaluate as sqrt(3 n_kv / (l + 1));
+            we read it as the authors' public code does, the Kaiming bound over the (l + 1) n_kv sources);
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that."""
         std = 0.02
         methods = [m for m in self.modules() if isinstance(m, Method)]
@@ -454,8 +467,8 @@ class GPT(nn.Module):
           + Residual.flops()                              (what the residual stream adds; 0 for the plain one)
 
         The routing term is what LIMe adds (layer 0 copies its own K/V at most): each routed K/V element is a dot
-        product over the allowed sources (within-head weights: the same head only); O(L^2) in depth in `lime` and
-        `average`."""
+        product over the allowed sources (within-head weights: the same head only); O(L^2) in depth for the routers
+        that read every earlier layer (`lime`, `average`, `dynamic`), O(L J) for `first-J` and `last-J`."""
         c = self.config
         T = seq_len or c.block_size
         head_dim = c.n_embd // c.n_head
