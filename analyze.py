@@ -184,12 +184,14 @@ def distinct_labels(runs_):
     return labels
 
 
-def renyi_entropy(Z, alpha=1.0):
-    """Matrix-based Renyi entropy of the tokens' representations Z (T, d): features standardised,
-    Gram matrix over tokens, eigenvalues normalised by the trace. From 0 (rank 1) up to
-    log(T - 1): centring the features over the tokens takes away one dimension."""
+def renyi_entropy(Z, alpha=1.0, standardise=True):
+    """Matrix-based Renyi entropy of the tokens' representations Z (T, d): features standardised over the tokens
+    (SPEC; with standardise=False, the paper's K = Z Z^T as it writes it), Gram matrix over tokens, eigenvalues
+    normalised by the trace. From 0 (rank 1) up to log(T - 1) standardised (centring the features over the tokens
+    takes away one dimension), log(T) plain."""
     Z = Z.double()
-    Z = (Z - Z.mean(0)) / Z.std(0).clamp(min=1e-8)
+    if standardise:  # (else a feature of large scale, or a large mean shared by all tokens, decides the spectrum)
+        Z = (Z - Z.mean(0)) / Z.std(0).clamp(min=1e-8)
     p = torch.linalg.eigvalsh(Z @ Z.T).clamp(min=0)
     p = p / p.sum()
     p = p[p > 0]
@@ -213,14 +215,15 @@ def cmd_entropy(args):
         tokens.update(len(x) for x in seqs)
         data[f"{cfg.router} ({out_dir})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
         runs_.append((cfg.router, out_dir, [
-            [sum(renyi_entropy(acts[k][l], args.alpha) for acts in per_seq) / len(per_seq) for l in range(cfg.n_layer)]
+            [sum(renyi_entropy(acts[k][l], args.alpha, args.gram == "standardised") for acts in per_seq) / len(per_seq)
+             for l in range(cfg.n_layer)]
             for k in (0, 1)]))  # values, hidden
     curves = {}
     for label, (_, _, (values, hidden)) in zip(distinct_labels([(r, d) for r, d, _ in runs_]), runs_):
         curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
     long = f"{min(tokens)} to {max(tokens)}" if len(tokens) > 1 else f"{min(tokens, default=0)}"
-    print(f"matrix-based Renyi entropy (alpha {args.alpha}) in nats, mean over {' or '.join(map(str, sorted(counts)))} "
-          f"sequences of {long} tokens")
+    print(f"matrix-based Renyi entropy (alpha {args.alpha}, {args.gram} features) in nats, mean over "
+          f"{' or '.join(map(str, sorted(counts)))} sequences of {long} tokens")
     if seq_len < args.seq_len and len(args.out_dir) > 1 and len({cfg.block_size for cfg, _ in loaded}) > 1:
         print(f"NOTE --seq-len={args.seq_len}: {seq_len} tokens for every run, the shortest block_size among them")
     width = 2 + max(14, *map(len, curves))  # a column per curve, as wide as its name and a space or two
@@ -559,6 +562,9 @@ def main(argv=None):
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
         if name == "entropy":
             s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
+            s.add_argument("--gram", choices=("standardised", "plain"), default="standardised",
+                           help="the Gram matrix of the features standardised over the tokens (SPEC), or plain: "
+                                "K = Z Z^T, as the paper's equation writes it")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", type=a_path,
                    help="run folders; runs that differ only in their seed are averaged")

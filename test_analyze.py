@@ -105,6 +105,15 @@ def test_renyi_entropy_extremes():
     rescaled = Z * torch.tensor([1e3, 1e-3, 1.0, 50.0, 0.2, 7.0]) + torch.arange(6.0)
     for alpha in (1.0, 2.0):
         assert analyze.renyi_entropy(rescaled, alpha) == pytest.approx(analyze.renyi_entropy(Z, alpha), rel=1e-6)
+    # plain (--gram plain): the paper's equation as written, K = Z Z^T, S = log(sum (l_i / tr K)^alpha) / (1 - alpha)
+    lam = np.linalg.eigvalsh(rescaled.numpy() @ rescaled.numpy().T).clip(min=0)
+    lam = lam[lam > 0] / lam.sum()
+    assert analyze.renyi_entropy(rescaled, 2.0, standardise=False) == pytest.approx(-np.log((lam ** 2).sum()), rel=1e-9)
+    assert analyze.renyi_entropy(rescaled, 1.0, standardise=False) == pytest.approx(-(lam * np.log(lam)).sum(),
+                                                                                   rel=1e-9)
+    # no centring: an isotropic cloud reaches log(T), and the kilometres feature decides the spectrum
+    assert math.log(T - 1) < analyze.renyi_entropy(isotropic, standardise=False) <= math.log(T) + 1e-9
+    assert analyze.renyi_entropy(rescaled, standardise=False) < 0.5 * analyze.renyi_entropy(Z, standardise=False)
 
 
 def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, answer_dir, capsys, monkeypatch):
@@ -114,7 +123,10 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, answer_dir, ca
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
     out = capsys.readouterr().out
-    assert "matrix-based Renyi entropy (alpha 1.0) in nats" in out and "NOTE" not in out  # (one data set)
+    assert "matrix-based Renyi entropy (alpha 1.0, standardised features) in nats" in out and "NOTE" not in out  # (one
+    # data set)
+    plain = analyze.main(["entropy", "--out-dir", str(arith_run), "--num-seqs", "4", "--gram", "plain"])
+    assert "(alpha 1.0, plain features)" in capsys.readouterr().out and plain["lime values"] != curves["lime values"]
     assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
     sequences = analyze.sequences  # a validation set of 3: fewer sequences than asked for
     monkeypatch.setattr(analyze, "sequences", lambda cfg, n, seq_len: sequences(cfg, min(n, 3), seq_len))
