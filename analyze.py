@@ -509,8 +509,8 @@ def cmd_prune(args):
     print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
     own, of_own = own_cross_head(model, mask)
     if of_own:  # NOTE a share of all the weights counts these, which are no sign of what the layer learned to read
-        print(f"of them, from the layer's own other heads (0 at the start): {own:,} of {of_own:,}; the others: "
-              f"{pruned - own:,} of {total - of_own:,} ({100 * (pruned - own) / max(total - of_own, 1):.1f}%)")
+        print(f"of them, from the layer's own other heads (0 at a fresh lime's start): {own:,} of {of_own:,}; the "
+              f"others: {pruned - own:,} of {total - of_own:,} ({100 * (pruned - own) / max(total - of_own, 1):.1f}%)")
     if already:  # NOTE then neither the counts nor the first column are of the top-p above alone
         print(f"NOTE {args.out_dir} was pruned already ({already:,} of {total:,} weights): the counts above include "
               f"those, and 'as saved' is that pruned model")

@@ -170,8 +170,8 @@ class LIMe(Router):
 
     def __init__(self, config, layer, J=None):
         super().__init__(config, layer, J)
-        # set in GPT.init_weights: the identity on its own heads, Kaiming-uniform elsewhere (NaN until then: an
-        # unset parameter is an error, methods.require_initialised)
+        # set in GPT.init_weights: the identity on its own heads, Kaiming-uniform elsewhere (which fills every method's
+        # parameters with NaN first, so that one it leaves unset is an error: methods.require_initialised)
         self.weight = nn.Parameter(torch.empty(self.n_kv, len(self.sources), self.n_kv))
 
 
@@ -199,7 +199,7 @@ class Routing:
 
     def __init__(self, routers, readers, reference=False):
         self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
-        self.kvs = []  # every layer's own K/V so far, where a pulled layer reads it (else None: no slot held)
+        self.own = []  # every layer's own K/V so far, where a pulled layer reads it (else None: no slot held)
         self.pulled_from = {j for r in routers if reference or r.pulled for j in r.sources}
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
 
@@ -207,7 +207,7 @@ class Routing:
         """kv (B, T, n_kv, E): the layer's own K/V, x (B, T, C) the attention's input -> the routed K/V, same shape."""
         router = self.routers[layer]
         # (None where no pulled layer reads it: held nowhere here, a pushed kv is freed after its push under no_grad)
-        self.kvs.append(kv if layer in self.pulled_from else None)
+        self.own.append(kv if layer in self.pulled_from else None)
         pulled = self.reference or router.pulled
         # the push reaches the later pushed layers that read this one, and this one if pushed (its own sum ends here).
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
@@ -218,11 +218,11 @@ class Routing:
         outs = self.push(layer, kv, targets) if targets else {}
         if not pulled:
             return outs[layer]
-        kvs = [self.kvs[j] for j in router.sources]
+        kvs = [self.own[j] for j in router.sources]
         if router.keys:
             return self.pull(router, kvs, x)
         # a K/V is (B, T, n_kv, 2*head_dim): [keys | values] in its last dimension
-        v = self.pull(router, [s[..., s.shape[-1] // 2:] for s in kvs], x)  # values only: (B, T, n_kv, head_dim)
+        v = self.pull(router, [src[..., src.shape[-1] // 2:] for src in kvs], x)  # values only: (B, T, n_kv, head_dim)
         return torch.cat([kv[..., :v.shape[-1]], v], dim=-1)  # the layer's own keys, the routed values
 
     def push(self, layer, kv, targets):

@@ -761,7 +761,7 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(answer_dir, answer_r
     assert f"layer   1: {report['pruned']:>8,} of        8 ({report['pruned'] / 8:6.1%})" in out.splitlines()
     own = int((~keep[:, -1] & torch.tensor([[False, True], [True, False]])).sum())  # head 0 from 1, head 1 from 0
     assert report["own_cross_head"] == dict(pruned=own, weights=2) and f"of them, from the layer's own other heads " \
-        f"(0 at the start): {own} of 2; the others: {report['pruned'] - own} of 6 " \
+        f"(0 at a fresh lime's start): {own} of 2; the others: {report['pruned'] - own} of 6 " \
         f"({100 * (report['pruned'] - own) / 6:.1f}%)" in out.splitlines()
     summary = json.loads((answer_run / "summary.json").read_text())
     assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}

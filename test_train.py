@@ -1101,6 +1101,12 @@ def test_a_dry_run_checks_the_data_where_it_is_there(answer_dir, tmp_path, capsy
     assert '"max_steps": 13' in printed and printed.endswith("the data and the checkpoints they name check out; "
                                                              "nothing was written)\n")
     assert list(tmp_path.iterdir()) == []
+    held = cli.hold_folder(tmp_path / "held", "a test")  # (a folder a prepare_data.py is writing: no note, its data
+    try:  # is on the way)
+        train.main([*epochs, f"--data-dir={tmp_path / 'held'}", "--dry-run"])
+    finally:
+        os.close(held)
+    assert capsys.readouterr().err == ""
 
 
 def test_a_length_in_steps_on_the_command_line_wins_over_a_presets_epochs(tmp_path, capsys, monkeypatch):
