@@ -3,7 +3,7 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
 
     python analyze.py routes  --out-dir out/150m-lime                 # router heatmap (Figure 5)
     python analyze.py entropy --out-dir out/150m-lime out/150m-none   # value entropy per layer (Figure 2a)
-    python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figure 2b)
+    python analyze.py probe   --out-dir out/150m-lime                 # is/are/was/were probe (Figures 2b, 7b)
     python analyze.py table   out/150m-*                               # the ablation table (Table 7)
     python analyze.py table   out/grid/*/*                             # accuracy per tier, mean ± sd over seeds
     python analyze.py curves  out/grid/*/*                             # validation accuracy and loss against step
@@ -239,11 +239,12 @@ def cmd_entropy(args):
 
 
 # -----------------------------------------------------------------------------
-# probe: Figure 2b
+# probe: Figures 2b (values) and 7b (hidden states)
 
 
 def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
-    """Mean k-fold accuracy of a multinomial logistic regression (L-BFGS) on X (N, d)."""
+    """The accuracy on each of k folds (mean, sample sd over the folds) of a multinomial logistic regression (L-BFGS)
+    on X (N, d), trained on the other folds."""
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(y), generator=g)
     X, y = X[order].double(), y[order]
@@ -265,24 +266,27 @@ def linear_probe(X, y, n_classes, folds=5, steps=200, seed=0):
 
         opt.step(closure)
         accs.append(((Xte @ W + b).argmax(1) == y[test]).double().mean().item())
-    return sum(accs) / folds
+    return tables.mean_sd(accs)
 
 
 def cmd_probe(args):
+    """Figures 2b and 7b: how well a linear classifier tells is/are/was/were apart from each layer's values and
+    hidden states at those words, as the paper does it: as many occurrences of each word (it takes 1668 of each),
+    5-fold cross-validation, the mean and sd over the folds."""
     cfg, model = load(args.out_dir[0], args)
     if cfg.data == "arithmetic":
         raise UsageError("this is an arithmetic checkpoint; its task vocabulary has no ' is', ' are', "
                          "' was', ' were'")
     ids = torch.tensor(list(PROBE_WORDS.values()))
-    feats, labels = [[] for _ in range(cfg.n_layer)], []
+    feats, labels = {kind: [[] for _ in range(cfg.n_layer)] for kind in ("values", "hidden")}, []
     seqs = sequences(cfg, args.num_seqs + 1, args.seq_len)  # fewer where the validation set ends first; one more
     more, seqs = len(seqs) > args.num_seqs, seqs[:args.num_seqs]  # says whether a larger --num-seqs would find more
     for x in seqs:
         where = torch.isin(x, ids).nonzero().flatten()
         if len(where):
-            values, _ = activations(model, x)
-            for l, v in enumerate(values):
-                feats[l].append(v[where])
+            for kind, acts in zip(feats, activations(model, x)):  # values, hidden: per layer (T, d)
+                for l, a in enumerate(acts):
+                    feats[kind][l].append(a[where])
             labels.append((x[where, None] == ids).long().argmax(1))
     y = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
     counts = torch.bincount(y, minlength=4).tolist()
@@ -291,12 +295,20 @@ def cmd_probe(args):
     if min(counts) < 5:
         raise UsageError("too few occurrences of each word for 5-fold cross-validation: " +
                          ("raise --num-seqs" if more else f"the run's validation set has only {len(seqs)} sequences"))
-    accs = [linear_probe(torch.cat(f), y, 4) for f in feats]
-    print(f"5-fold linear probe accuracy on values ({cfg.router}), chance {max(counts) / len(y):.3f}")
-    for l, a in enumerate(accs):
-        print(f"layer {l:>3}: {a:.3f}")
-    save_plot(Path(args.out_dir[0]) / "probe.png", {cfg.router: accs}, "layer", "probe accuracy",
-              "is / are / was / were from values")
+    # as many of each word, drawn at random (seed 0): chance is 1/4, not the most frequent word's share
+    g = torch.Generator().manual_seed(0)
+    kept = torch.cat([(y == k).nonzero().flatten()[torch.randperm(counts[k], generator=g)[:min(counts)]]
+                      for k in range(4)])
+    accs = {kind: [linear_probe(torch.cat(f)[kept], y[kept], 4) for f in per_layer]
+            for kind, per_layer in feats.items()}
+    print(f"5-fold linear probe accuracy ({cfg.router}), mean ± sd over the folds: {min(counts)} of each word, "
+          "chance 0.250")
+    print("layer " + "".join(f"{kind:>18}" for kind in accs))
+    for l in range(cfg.n_layer):
+        print(f"{l:>5} " + "".join(f"{mu:>10.3f} ± {sd:.3f}" for mu, sd in (accs["values"][l], accs["hidden"][l])))
+    save_plot(Path(args.out_dir[0]) / "probe.png", {f"{cfg.router} {kind}": [mu for mu, _ in a]
+                                                   for kind, a in accs.items()},
+              "layer", "probe accuracy", "is / are / was / were from values and hidden states")
     return accs
 
 
@@ -548,7 +560,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="command", required=True)  # subcommands share Parser's one-line errors
     for name, help_text in (("routes", "router heatmap per layer and source layer"),
                             ("entropy", "Renyi entropy of values and hidden states per layer"),
-                            ("probe", "linear probe of is/are/was/were from values, per layer")):
+                            ("probe", "linear probe of is/are/was/were from values and hidden states, per layer")):
         s = sub.add_parser(name, help=help_text)  # each with the flags it reads: no flag is ignored
         if name == "entropy":
             s.add_argument("--out-dir", nargs="+", type=a_path, required=True,

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -180,12 +181,13 @@ def test_linear_probe_separates_what_is_separable():
     y = torch.arange(200) % 4
     X = torch.randn(200, 16, generator=g) * 0.3
     X[torch.arange(200), y] += 3.0  # class k lights up feature k
-    assert analyze.linear_probe(X, y, 4) > 0.95
+    assert analyze.linear_probe(X, y, 4)[0] > 0.95
     noise = torch.randn(200, 16, generator=g)
-    assert analyze.linear_probe(noise, y, 4) < 0.45  # chance is 0.25
+    assert analyze.linear_probe(noise, y, 4)[0] < 0.45  # chance is 0.25
     # no feature to go by: each fold predicts its training folds' majority, right for the four 0s and wrong for
-    # the 1 (whichever fold holds it, its training folds are all 0s): the mean over the 5 folds is 4/5
-    assert analyze.linear_probe(torch.zeros(5, 3), torch.tensor([0, 0, 0, 0, 1]), 2) == pytest.approx(0.8)
+    # the 1 (whichever fold holds it, its training folds are all 0s): 1, 1, 1, 1 and 0 over the 5 folds
+    assert analyze.linear_probe(torch.zeros(5, 3), torch.tensor([0, 0, 0, 0, 1]), 2) == \
+        pytest.approx((0.8, statistics.stdev([1, 1, 1, 1, 0])))
 
 
 def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
@@ -202,7 +204,8 @@ def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
                 "--micro-batch-size=4", "--max-steps=2", "--eval-interval=2", "--eval-tokens=256"])
     capsys.readouterr()
     accs = analyze.main(["probe", "--out-dir", str(out), "--num-seqs", "8", "--seq-len", "64"])
-    assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
+    assert set(accs) == {"values", "hidden"} and all(len(a) == 2 and all(0 <= mu <= 1 and sd >= 0 for mu, sd in a)
+                                                     for a in accs.values())
     # --eval-tokens=256 holds 4 windows of 64: what the probe used, not the 8 asked for
     assert capsys.readouterr().out.startswith("occurrences in 4 validation sequences: ' is' ")
     def windows(*counts):  # two windows of 64 tokens, none a probe word but the counts of each, in that order
@@ -214,10 +217,14 @@ def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
     assert error_of(analyze.main, ["probe", "--out-dir", str(out)], capsys).endswith(
         "too few occurrences of each word for 5-fold cross-validation: the run's validation set has only 2 sequences")
     monkeypatch.setattr(analyze, "sequences", windows(5, 6, 5, 5))
-    assert len(analyze.main(["probe", "--out-dir", str(out)])) == 2
-    assert capsys.readouterr().out.splitlines()[:2] == [
+    probed = []  # what each probe is given: as many of each word (5), as the paper (1668 of each)
+    monkeypatch.setattr(analyze, "linear_probe", lambda X, y, n: probed.append(torch.bincount(y).tolist()) or (1, 0))
+    assert len(analyze.main(["probe", "--out-dir", str(out)])["hidden"]) == 2
+    assert probed == [[5, 5, 5, 5]] * 4  # (2 layers, values and hidden states)
+    assert capsys.readouterr().out.splitlines()[:3] == [
         "occurrences in 2 validation sequences: ' is' 5, ' are' 6, ' was' 5, ' were' 5",
-        "5-fold linear probe accuracy on values (lime), chance 0.286"]  # the most frequent word's share: 6 of 21
+        "5-fold linear probe accuracy (lime), mean ± sd over the folds: 5 of each word, chance 0.250",
+        "layer " + " " * 12 + "values" + " " * 12 + "hidden"]
     monkeypatch.undo()
     monkeypatch.setitem(analyze.PROBE_WORDS, " were", 575)  # a word that never occurs: more windows would not help
     too_few = "analyze.py: error: too few occurrences of each word for 5-fold cross-validation: "
