@@ -469,15 +469,14 @@ def survival_map(model, mask):
     return M
 
 
-def own_cross_head(model, mask):
-    """(pruned, total) of the router weights from the layer's own other heads, which start at exactly 0 (the identity's
-    off-diagonal, GPT.init_weights): weights that stay small, and top-p takes first. (0, 0) for routers within heads."""
+def from_itself(model, mask):
+    """(pruned, total) of the router weights from the layer's own K/V, its last source: the identity at a fresh
+    lime's start (GPT.init_weights), so its weights across heads start at exactly 0, mostly stay small, and are what
+    top-p takes first. The rest are the weights from earlier layers."""
     pruned = total = 0
-    for name, router in prunable_routers(model).items():
-        keep = mask[name]  # (n_kv, n_src, n_kv) or (n_kv, n_src); the layer itself is the last source
-        if keep.dim() == 3:
-            other = ~torch.eye(keep.shape[0], dtype=torch.bool, device=keep.device)  # (target head != source head)
-            pruned, total = pruned + int((~keep[:, -1] & other).sum()), total + int(other.sum())
+    for name in prunable_routers(model):
+        own = mask[name][:, -1]  # (n_kv, n_kv) or (n_kv,): the router's weights of its own layer
+        pruned, total = pruned + int((~own).sum()), total + own.numel()
     return pruned, total
 
 
@@ -519,10 +518,10 @@ def cmd_prune(args):
     for layer, (n, of) in counts.items():
         print(f"layer {layer:>3}: {n:>8,} of {of:>8,} ({100 * n / of:5.1f}%)")
     print(f"all:       {pruned:>8,} of {total:>8,} ({100 * pruned / total:5.1f}%)")
-    own, of_own = own_cross_head(model, mask)
-    if of_own:  # NOTE a share of all the weights counts these, which are no sign of what the layer learned to read
-        print(f"of them, from the layer's own other heads (0 at a fresh lime's start): {own:,} of {of_own:,}; the "
-              f"others: {pruned - own:,} of {total - of_own:,} ({100 * (pruned - own) / max(total - of_own, 1):.1f}%)")
+    # NOTE a share of all the weights counts the layer's own, most of them 0 at the start: no sign of what it reads
+    own, of_own = from_itself(model, mask)
+    print(f"of them, from the layer itself (the identity at a fresh lime's start): {own:,} of {of_own:,}; from earlier "
+          f"layers: {pruned - own:,} of {total - of_own:,} ({100 * (pruned - own) / max(total - of_own, 1):.1f}%)")
     if already:  # NOTE then neither the counts nor the first column are of the top-p above alone
         print(f"NOTE {args.out_dir} was pruned already ({already:,} of {total:,} weights): the counts above include "
               f"those, and 'as saved' is that pruned model")
@@ -535,7 +534,7 @@ def cmd_prune(args):
     save_plot(Path(args.out_dir) / "prune.png", {}, "source layer", "layer",
               f"router weights kept at top-p {args.top_p}", image=M.numpy())
     report = dict(source=str(args.out_dir), top_p=args.top_p, pruned=pruned, weights=total, already_pruned=already,
-                  own_cross_head=dict(pruned=own, weights=of_own),
+                  from_itself=dict(pruned=own, weights=of_own),
                   per_layer={layer: dict(pruned=n, weights=of) for layer, (n, of) in counts.items()},
                   unpruned_metrics=before, pruned_metrics=after)
     if save:  # a checkpoint like train.py's, with the mask that keeps these weights at zero in further training

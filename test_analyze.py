@@ -766,10 +766,10 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(answer_dir, answer_r
     assert f"all:       {report['pruned']:>8,} of        8" in out and "unpruned" in out
     assert out.startswith(f"evaluating {answer_run} on cpu, as it is and then pruned ...\n")  # (a progress line)
     assert f"layer   1: {report['pruned']:>8,} of        8 ({report['pruned'] / 8:6.1%})" in out.splitlines()
-    own = int((~keep[:, -1] & torch.tensor([[False, True], [True, False]])).sum())  # head 0 from 1, head 1 from 0
-    assert report["own_cross_head"] == dict(pruned=own, weights=2) and f"of them, from the layer's own other heads " \
-        f"(0 at a fresh lime's start): {own} of 2; the others: {report['pruned'] - own} of 6 " \
-        f"({100 * (report['pruned'] - own) / 6:.1f}%)" in out.splitlines()
+    own = int((~keep[:, -1]).sum())  # layer 1's weights of its own 2 heads, into each of its 2 heads
+    assert report["from_itself"] == dict(pruned=own, weights=4) and "of them, from the layer itself (the identity at " \
+        f"a fresh lime's start): {own} of 4; from earlier layers: {report['pruned'] - own} of 4 " \
+        f"({100 * (report['pruned'] - own) / 4:.1f}%)" in out.splitlines()
     summary = json.loads((answer_run / "summary.json").read_text())
     assert report["unpruned_metrics"] == {k: summary[k] for k in report["unpruned_metrics"]}
     # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
