@@ -1244,9 +1244,13 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     missing = generates and cfg.data == "arithmetic" and not makes and not there and run.resume is None and \
         not arithmetic.finishing(cfg.data_dir)  # (a folder of one's own, or a mistyped one: the run refuses it)
     if dry_run and (not there or being_written(folder)):
-        if missing and not being_written(folder) and run.master:  # (made by then, as grid.py makes its regimes: ok)
-            print(f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
-                  f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
+        # what the run would refuse of a folder no one is writing, said (made by then, as grid.py makes its regimes,
+        # it passes): a note
+        finish = cfg.data == "arithmetic" and not makes and not there and arithmetic.finishing(cfg.data_dir)
+        if (missing or finish) and not being_written(folder) and run.master:
+            print(f"note: {cfg.data_dir} was cut short as its data was made: the run needs `{finish}` first" if finish
+                  else f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
+                       f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
         return None
     if makes:
         if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)

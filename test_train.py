@@ -1298,6 +1298,10 @@ def test_an_offline_preset_generates_only_its_own_data_in_its_own_folder(tmp_pat
     assert err == f"train.py: error: {tmp_path / 'mine'} was cut short as its data was made: `python prepare_data.py " \
         f"arithmetic --data-dir {tmp_path / 'mine'} --field mod --count operands --tiers 2 --target steps " \
         "--train-size 8 --test-size 2` finishes it"  # the command of the data it held, not of the preset's regime
+    train.main(["--preset=arith", "--data-dir=mine", "--out-dir=run", "--dry-run"])  # the same, as a dry run's note
+    assert capsys.readouterr().err == f"note: {tmp_path / 'mine'} was cut short as its data was made: the run needs " \
+        f"`python prepare_data.py arithmetic --data-dir {tmp_path / 'mine'} --field mod --count operands --tiers 2 " \
+        "--target steps --train-size 8 --test-size 2` first\n"
 
 
 def test_token_ids_past_the_vocabulary_say_what_to_give(arith_run, tmp_path, capsys):
