@@ -1241,17 +1241,20 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     there = (folder / "meta.json").exists() if cfg.data == "arithmetic" else folder.is_dir() and any(folder.iterdir())
     if makes and not there:  # what the preparation of the folder would refuse: refused before a word of it, dry or not
         arithmetic.check_preparable(folder, generates)
-    missing = generates and cfg.data == "arithmetic" and not makes and not there and run.resume is None and \
-        not arithmetic.finishing(cfg.data_dir)  # (a folder of one's own, or a mistyped one: the run refuses it)
-    if dry_run and (not there or being_written(folder)):
-        # what the run would refuse of a folder no one is writing, said (made by then, as grid.py makes its regimes,
-        # it passes): a note
-        finish = cfg.data == "arithmetic" and not makes and not there and arithmetic.finishing(cfg.data_dir)
-        if (missing or finish) and not being_written(folder) and run.master:
-            print(f"note: {cfg.data_dir} was cut short as its data was made: the run needs `{finish}` first" if finish
-                  else f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
-                       f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
-        return None
+    # what the run refuses of a folder without its task: one cut short as it was made (load() says it, with the command
+    # that finishes it), or a folder of one's own (or a mistyped one) that an offline preset does not make
+    unmade = cfg.data == "arithmetic" and not makes and not there
+    finish = unmade and arithmetic.finishing(cfg.data_dir)
+    missing = unmade and generates and run.resume is None and not finish
+    if dry_run:
+        held = being_written(folder)
+        if not there or held:
+            # a note, not an error: the data may be made by then (as grid.py makes its regimes after its dry runs)
+            if (missing or finish) and not held and run.master:
+                print(f"note: {cfg.data_dir} was cut short as its data was made: the run needs `{finish}` first"
+                      if finish else f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
+                      f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
+            return None
     if makes:
         if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
             print(f"preparing the arithmetic task in {home} (once, offline)")
