@@ -19,8 +19,7 @@ class Average(Own):
     """Layers 0..l of the same head, uniformly (Own's equal weights, over more sources): fixed, nothing learned."""
     name = "average"
 
-    def source_layers(self, layer, J):
-        return list(range(layer + 1))
+    source_layers = Router.source_layers  # every layer up to its own, as a Router reads by default
 
 
 class Dynamic(Router):

@@ -425,8 +425,8 @@ def folder_problem(path):
         if os.path.islink(p) and not os.path.exists(p):  # which is named next, where Path's raise a PermissionError)
             return f"{p} is a symbolic link to nothing (or back to itself)"  # (mkdir would find the name taken)
         if os.path.exists(p):
-            if not p.is_dir():
-                return f"{p} is a file, not a folder"
+            if not p.is_dir():  # (a FIFO or a device is no file either)
+                return f"{p} is a file, not a folder" if p.is_file() else f"{p} is not a folder"
             return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
     return None
 

@@ -73,16 +73,20 @@ def read_shard(path):
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
 
 
+def shard_paths(data_dir, split):
+    """The token shards of one split ('train' or 'val') in data_dir, in name order: <set>_<split>_<number>.bin."""
+    return sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
+
+
 def shard_sets(data_dir):
     """The data sets whose token shards data_dir holds, by the names' first part: {'finewebedu', ...}."""
-    return {p.name.rsplit(f"_{split}_", 1)[0] for split in ("train", "val")
-            for p in Path(data_dir).glob(f"*_{split}_*.bin")}
+    return {p.name.rsplit(f"_{split}_", 1)[0] for split in ("train", "val") for p in shard_paths(data_dir, split)}
 
 
 def load_tokens(data_dir, split, trained=False):
     """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order.
     `trained`: those of a run that read them there, evaluated, and may have been moved since."""
-    paths = sorted(Path(data_dir).glob(f"*_{split}_*.bin"))
+    paths = shard_paths(data_dir, split)
     if not paths:
         moved = ": give --data-dir the folder that holds the run's shards now" if trained else ""
         raise DataError(f"no {split} shards in {data_dir}{moved}")

@@ -639,6 +639,8 @@ def test_a_write_that_fails_is_one_line_and_leaves_the_old_file(tmp_path):
         with pytest.raises(cli.DataError, match=re.escape(f"cannot write {tmp_path / 'fifo'}: {tmp_path / 'fifo'} is "
                                                           "not a file")):
             cli.atomic_write(tmp_path / "fifo", lambda f: f.write(b"new"))
+        with pytest.raises(cli.DataError, match=re.escape(f"{tmp_path / 'fifo'} is not a folder")):  # (not "a file")
+            cli.atomic_write(tmp_path / "fifo" / "x", lambda f: f.write(b"new"))
         assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
 
 
