@@ -11,7 +11,8 @@ What a trained LIMe learned, as the paper's figures, for your own runs.
 
 Each command prints a table; with matplotlib installed, routes, entropy, probe and prune also save
 a PNG next to the (first) checkpoint, and curves one in the folder that holds the runs. "Values" are
-what each layer's attention reads: the routed values in LIMe, the layer's own values in the baseline.
+what each layer's attention reads: the routed values in LIMe, the layer's own values in the baseline
+(--values own: each layer's own, what its W_V computes, in every model).
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
@@ -139,9 +140,10 @@ def sequences(cfg, n, seq_len):
 
 
 @torch.no_grad()
-def activations(model, idx):
+def activations(model, idx, routed=True):
     """For one sequence idx (T,): per layer, values (T, n_kv*head_dim) and hidden states (T, C).
-    The values are the routed ones, built from every layer's own K/V by lime.route_reference."""
+    The values are the routed ones, built from every layer's own K/V by lime.route_reference (routed=False: each
+    layer's own, the output of its value projection, as the paper's Section 5.2 words it)."""
     own, inputs, hidden = [], [], []  # per layer: own K/V (T, n_kv, 2*hd), attention input (1, T, C), output
     hd = model.config.n_embd // model.config.n_head
 
@@ -162,7 +164,7 @@ def activations(model, idx):
     values = []
     for block, kv, x in zip(model.transformer.h, own, inputs):
         router = block.attn.router
-        if router is not None:  # (1, T, n_kv, 2*hd) in, the same out
+        if router is not None and routed:  # (1, T, n_kv, 2*hd) in, the same out
             kv = router.reference([own[j][None] for j in router.sources], x)[0]
         values.append(kv[..., hd:].flatten(1))  # (T, n_kv*hd)
     return values, hidden
@@ -210,7 +212,7 @@ def cmd_entropy(args):
     runs_, counts, tokens, data = [], set(), set(), {}
     for out_dir, (cfg, model) in zip(args.out_dir, loaded):
         seqs = sequences(cfg, args.num_seqs, seq_len)
-        per_seq = [activations(model, x) for x in seqs]
+        per_seq = [activations(model, x, args.values == "routed") for x in seqs]
         counts.add(len(per_seq))
         tokens.update(len(x) for x in seqs)
         data[f"{cfg.router} ({out_dir})"] = runs.seed_group(vars(cfg))[0] or cfg.data  # (a regime's label)
@@ -222,8 +224,8 @@ def cmd_entropy(args):
     for label, (_, _, (values, hidden)) in zip(distinct_labels([(r, d) for r, d, _ in runs_]), runs_):
         curves[f"{label} values"], curves[f"{label} hidden"] = values, hidden
     long = f"{min(tokens)} to {max(tokens)}" if len(tokens) > 1 else f"{min(tokens, default=0)}"
-    print(f"matrix-based Renyi entropy (alpha {args.alpha}, {args.gram} features) in nats, mean over "
-          f"{' or '.join(map(str, sorted(counts)))} sequences of {long} tokens")
+    print(f"matrix-based Renyi entropy (alpha {args.alpha}, {args.gram} features, {args.values} values) in nats, "
+          f"mean over {' or '.join(map(str, sorted(counts)))} sequences of {long} tokens")
     if seq_len < args.seq_len and len(args.out_dir) > 1 and len({cfg.block_size for cfg, _ in loaded}) > 1:
         print(f"NOTE --seq-len={args.seq_len}: {seq_len} tokens for every run, the shortest block_size among them")
     width = 2 + max(14, *map(len, curves))  # a column per curve, as wide as its name and a space or two
@@ -284,7 +286,7 @@ def cmd_probe(args):
     for x in seqs:
         where = torch.isin(x, ids).nonzero().flatten()
         if len(where):
-            for kind, acts in zip(feats, activations(model, x)):  # values, hidden: per layer (T, d)
+            for kind, acts in zip(feats, activations(model, x, args.values == "routed")):  # per layer (T, d)
                 for l, a in enumerate(acts):
                     feats[kind][l].append(a[where])
             labels.append((x[where, None] == ids).long().argmax(1))
@@ -301,8 +303,8 @@ def cmd_probe(args):
                       for k in range(4)])
     accs = {kind: [linear_probe(torch.cat(f)[kept], y[kept], 4) for f in per_layer]
             for kind, per_layer in feats.items()}
-    print(f"5-fold linear probe accuracy ({cfg.router}), mean ± sd over the folds: {min(counts)} of each word, "
-          "chance 0.250")
+    print(f"5-fold linear probe accuracy ({cfg.router}, {args.values} values), mean ± sd over the folds: "
+          f"{min(counts)} of each word, chance 0.250")
     print("layer " + "".join(f"{kind:>18}" for kind in accs))
     for l in range(cfg.n_layer):
         print(f"{l:>5} " + "".join(f"{mu:>10.3f} ± {sd:.3f}" for mu, sd in (accs["values"][l], accs["hidden"][l])))
@@ -571,6 +573,9 @@ def main(argv=None):
         s.add_argument("--data-dir", **runs.DATA_DIR)
         s.add_argument("--num-seqs", type=int, default=64, help="validation sequences to use")
         s.add_argument("--seq-len", type=int, default=256, help="tokens per language sequence (at least 2)")
+        s.add_argument("--values", choices=("routed", "own"), default="routed",
+                       help="the values each layer's attention reads (routed from earlier layers' in LIMe), or each "
+                            "layer's own, its W_V's output (the same in a model that routes nothing)")
         if name == "entropy":
             s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
             s.add_argument("--gram", choices=("standardised", "plain"), default="standardised",

@@ -72,6 +72,20 @@ def test_activations_are_the_values_each_layer_reads_routed():
     assert len(values) == len(hidden) == 6 and values[0].shape == (16, n_kv * hd) and values[0].abs().min() > 0
     for v in values[1:]:
         torch.testing.assert_close(v, values[0])
+    # routed=False: each layer's own values, what its value projection makes of its input (ln_1 of the stream)
+    own, same = analyze.activations(model, tokens(1, 16)[0], routed=False)
+    inputs = []
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0][0])) for block in
+             model.transformer.h]
+    with torch.no_grad():
+        model(tokens(1, 16))
+    for h in hooks:
+        h.remove()
+    for block, v, x in zip(model.transformer.h, own, inputs):
+        W = block.attn.c_kv.weight.view(n_kv, 2, hd, -1)[:, 1].reshape(n_kv * hd, -1)  # each head's value rows
+        torch.testing.assert_close(v, x @ W.T)
+    assert torch.equal(own[0], values[0]) and not torch.allclose(own[1], values[1]) and all(map(torch.equal, same,
+                                                                                                    hidden))
 
 
 def test_survival_map_puts_each_source_in_its_column():
@@ -124,10 +138,17 @@ def test_entropy_command_two_runs(arith_run, tmp_path, arith_dir, answer_dir, ca
     assert set(curves) == {"lime values", "lime hidden", "none values", "none hidden"}
     assert all(len(c) == 2 and all(0 <= v <= math.log(64) for v in c) for c in curves.values())
     out = capsys.readouterr().out
-    assert "matrix-based Renyi entropy (alpha 1.0, standardised features) in nats" in out and "NOTE" not in out  # (one
-    # data set)
+    assert "matrix-based Renyi entropy (alpha 1.0, standardised features, routed values) in nats" in out and \
+        "NOTE" not in out  # (one data set)
     plain = analyze.main(["entropy", "--out-dir", str(arith_run), "--num-seqs", "4", "--gram", "plain"])
-    assert "(alpha 1.0, plain features)" in capsys.readouterr().out and plain["lime values"] != curves["lime values"]
+    assert "(alpha 1.0, plain features, routed values)" in capsys.readouterr().out and \
+        plain["lime values"] != curves["lime values"]
+    # each layer's own values: layer 0 routes nothing, layer 1 reads layer 0's too; the hidden states are the same
+    own = analyze.main(["entropy", "--out-dir", str(arith_run), str(base), "--num-seqs", "4", "--values", "own"])
+    assert "(alpha 1.0, standardised features, own values)" in capsys.readouterr().out
+    assert own["lime values"][0] == curves["lime values"][0] and own["lime values"][1] != curves["lime values"][1]
+    routed_alike = {k: v for k, v in curves.items() if k != "lime values"}
+    assert {k: v for k, v in own.items() if k != "lime values"} == routed_alike
     assert torch.equal(analyze.main(["routes", "--out-dir", str(base)]), torch.eye(2))  # no router: each its own layer
     sequences = analyze.sequences  # a validation set of 3: fewer sequences than asked for
     monkeypatch.setattr(analyze, "sequences", lambda cfg, n, seq_len: sequences(cfg, min(n, 3), seq_len))
@@ -223,7 +244,7 @@ def test_probe_command(arith_run, tmp_path, capsys, monkeypatch):
     assert probed == [[5, 5, 5, 5]] * 4  # (2 layers, values and hidden states)
     assert capsys.readouterr().out.splitlines()[:3] == [
         "occurrences in 2 validation sequences: ' is' 5, ' are' 6, ' was' 5, ' were' 5",
-        "5-fold linear probe accuracy (lime), mean ± sd over the folds: 5 of each word, chance 0.250",
+        "5-fold linear probe accuracy (lime, routed values), mean ± sd over the folds: 5 of each word, chance 0.250",
         "layer " + " " * 12 + "values" + " " * 12 + "hidden"]
     monkeypatch.undo()
     monkeypatch.setitem(analyze.PROBE_WORDS, " were", 575)  # a word that never occurs: more windows would not help
