@@ -30,6 +30,7 @@ from cli import (COMPILE, DEVICES, SIZE, DataError, Parser, UsageError, a_path, 
                  synchronize)
 
 import argparse
+import collections
 import hashlib
 import json
 import math
@@ -129,9 +130,7 @@ class Runner:
 
 
 def profile_steps(runner, idx, autocast, device, steps=3):
-    """Where `steps` training steps spend their time (see KINDS): per step, milliseconds and launches (on a
-    CPU, op calls) by kind, the busy total, and the ten longest kernels (ops). On CUDA the times are the
-    GPU's, so the step's time minus `busy_ms` is the GPU waiting: launches, synchronisation."""
+    """Where `steps` training steps spend their time: by_kind of the profiler's events."""
     on_gpu = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * on_gpu
     synchronize(device)
@@ -139,8 +138,20 @@ def profile_steps(runner, idx, autocast, device, steps=3):
         for _ in range(steps):
             runner.train_step(idx, autocast)
         synchronize(device)
+    return by_kind(prof.events(), on_gpu, steps)
+
+
+def by_kind(events, on_gpu, steps):
+    """Per step, milliseconds and launches (on a CPU, op calls) by kind (see KINDS), the busy total, and the ten
+    longest kernels (ops). On CUDA the times are the GPU's, so the step's time minus `busy_ms` is the GPU waiting:
+    launches, synchronisation."""
+    # NOTE a footgun of the profiler on CUDA: each record_function region (Optimizer.step#AdamW.step, a compiled
+    # graph's call) is also a span on the GPU's timeline, as long as the kernels inside it, and may be handed to its
+    # CPU event as a kernel of its own: counted, it would count those kernels twice (torch's own table leaves it out)
+    spans = collections.Counter((e.name, e.time_range.elapsed_us()) for e in events
+                                if e.device_type == DeviceType.CUDA and e.is_user_annotation)
     kinds, names = {}, {}
-    for e in prof.events():
+    for e in events:
         if e.device_type != DeviceType.CPU or e.is_async:
             continue
         outermost, caller = None, e
@@ -148,13 +159,16 @@ def profile_steps(runner, idx, autocast, device, steps=3):
             outermost, caller = kind_of(caller.name) or outermost, caller.cpu_parent
         own = [(k.name, k.duration) for k in e.kernels] if on_gpu else [(e.name, e.self_cpu_time_total)]
         for name, us in own:
+            if spans[name, us] > 0:  # a region's span, not a kernel
+                spans[name, us] -= 1
+                continue
             for table, key in ((kinds, outermost or kind_of(name) or REST), (names, name[:200])):
                 table.setdefault(key, []).append(us)
     per_step = {table: {key: (sum(us) / 1000 / steps, len(us) // steps) for key, us in found.items()}
                 for table, found in (("kinds", kinds), ("names", names))}
     kinds, attributed = per_step["kinds"], sum(ms for ms, _ in per_step["kinds"].values())
-    busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1000 / steps \
-        if on_gpu else attributed
+    busy = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA and
+               not e.is_user_annotation) / 1000 / steps if on_gpu else attributed
     if busy > 1.001 * attributed:  # kernels the profiler tied to no op
         kinds["unattributed"] = (busy - attributed, 0)
     top = sorted(per_step["names"].items(), key=lambda item: -item[1][0])[:10]

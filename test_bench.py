@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,30 @@ def test_bench_profile_says_where_the_step_goes(tmp_path, capsys, monkeypatch, c
         "aten::scaled_dot_product_attention", "aten::mm", "fmha_cutlassF_f32_aligned_64x64_rf_sm80"]] == [
         "routing", "attention", "matmul", "matmul", "optimizer", "copies", "copies", None, "attention", "matmul",
         "attention"]  # (memory-efficient attention's kernel: cutlass in its name too)
+
+
+def test_a_regions_span_on_the_gpu_is_not_counted_as_its_kernels_again():
+    """On CUDA a record_function region (AdamW's step, an Inductor kernel's launch) is also a span on the GPU's
+    timeline, as long as what it holds, and may come back as a kernel of its CPU event: each kernel counts once,
+    in the busy time too."""
+    def event(name, device, us=0.0, kernels=(), parent=None, span=False):
+        return types.SimpleNamespace(name=name, device_type=device, is_async=False, is_user_annotation=span,
+                                     time_range=types.SimpleNamespace(elapsed_us=lambda: us), cpu_parent=parent,
+                                     kernels=[types.SimpleNamespace(name=n, duration=d) for n, d in kernels],
+                                     self_cpu_time_total=0.0)
+    CPU, CUDA = bench.DeviceType.CPU, bench.DeviceType.CUDA
+    step = event("Optimizer.step#AdamW.step", CPU, kernels=[("Optimizer.step#AdamW.step", 100.0)], span=True)
+    events = [step, event("aten::_fused_adamw_", CPU, kernels=[("multi_tensor_apply_kernel", 100.0)], parent=step),
+              event("aten::mm", CPU, kernels=[("sm90_xmma_gemm_bf16", 50.0)]),
+              # Inductor's launch of one kernel, a region of the kernel's name: the kernel and its span alike
+              event("triton_poi_fused_add_0", CPU, kernels=[("triton_poi_fused_add_0", 10.0)] * 2, span=True),
+              event("Optimizer.step#AdamW.step", CUDA, 100.0, span=True),
+              event("multi_tensor_apply_kernel", CUDA, 100.0),
+              event("sm90_xmma_gemm_bf16", CUDA, 50.0), event("triton_poi_fused_add_0", CUDA, 10.0, span=True),
+              event("triton_poi_fused_add_0", CUDA, 10.0)]
+    p = bench.by_kind(events, on_gpu=True, steps=1)
+    assert p["kinds"] == {"optimizer": (0.1, 1), "matmul": (0.05, 1), "the rest": (0.01, 1)}
+    assert p["busy_ms"] == pytest.approx(0.16)
 
 
 def test_bench_suite_goes_on_from_its_last_model_on_the_same_machine(tmp_path, capsys, monkeypatch, commands):
