@@ -103,6 +103,19 @@ def test_survival_map_puts_each_source_in_its_column():
     torch.testing.assert_close(analyze.survival_map(model, mask), expected, equal_nan=True)
 
 
+def test_from_itself_counts_the_weights_of_the_layers_own_k_v_alone():
+    """What prune reports of the weights it removed that a layer reads from its own K/V (its last source), apart
+    from those it reads from earlier layers."""
+    model = small_model("lime")
+    routers = analyze.prunable_routers(model)
+    mask = {name: torch.ones(router.weight.shape, dtype=torch.bool) for name, router in routers.items()}
+    first, second = list(mask)[:2]  # layers 1 and 2: sources [0, 1] and [0, 1, 2]
+    mask[first][0, -1, 1] = mask[first][1, -1, 0] = False  # two of layer 1's weights of its own K/V
+    mask[second][1, 0, 0] = False  # one of layer 2's from layer 0
+    n_kv = model.config.n_kv_head
+    assert analyze.from_itself(model, mask) == (2, len(routers) * n_kv * n_kv)
+
+
 def test_renyi_entropy_extremes():
     g = torch.Generator().manual_seed(0)
     T = 32
@@ -622,6 +635,15 @@ def test_the_curves_picture_draws_what_is_printed(tmp_path, monkeypatch):
         for step, mu, sd, _ in points:  # the band at each step: from mean - sd to mean + sd
             ys = band[band[:, 0] == step, 1]
             assert (ys.min(), ys.max()) == pytest.approx((scale * (mu - sd), scale * (mu + sd)))
+
+
+def test_a_tier_missing_is_said_however_many_are_missing():
+    """An evaluation's row, or a summary, that holds the accuracy of some of its task's tiers and not of others: the
+    first one missing is named, whether one tier is missing or all but one; none at all is a split not evaluated."""
+    task = dataclasses.asdict(arithmetic.QUICK_START)  # tiers 4, 5 and 6
+    assert runs.tier_gap({"val_acc_4": 0.5, "val_acc_6": 0.5}, task) == runs.tier_gap({"val_acc_4": 0.5}, task) == \
+        "no 'val_acc_5', where its task's other tiers have one"
+    assert runs.tier_gap({"val_loss": 1.0}, task) is None and runs.tier_gap({"val_acc_4": 0.5}, None) is None
 
 
 def test_runs_of_other_tiers_are_refused_not_tabled_by_perplexity(tmp_path, capsys):

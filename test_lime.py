@@ -755,6 +755,20 @@ def test_150m_parameter_count_and_flops():
     assert counts["lime"]["total"] == 151_909_968
     assert 0 < counts["lime"]["router"] < 0.0005 * counts["lime"]["total"]
     assert counts["lime"]["total"] - counts["none"]["total"] == counts["lime"]["router"] == 144 * sum(range(2, 13))
+    L, C, V = 12, 768, 50304  # each part: q, kv and the output projection; SwiGLU's gate, up and down; the tied table
+    assert {k: v for k, v in counts["none"].items() if k not in ("router", "residual", "total")} == dict(
+        embedding=V * C, attention=L * (C * C + 2 * C * C + C * C), mlp=L * 3 * C * 3072, norm=(2 * L + 1) * C)
+
+
+def test_a_sequence_past_the_block_is_refused():
+    """Past block_size the RoPE tables end: the forward says so, from the start or after what a cache holds."""
+    model = small_model("lime", block_size=16)
+    with pytest.raises(ValueError, match="sequence of 17 tokens exceeds block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = KVCache(model.config)
+    model(torch.zeros(1, 16, dtype=torch.long), cache=cache)  # (a full block fits)
+    with pytest.raises(ValueError, match="sequence of 17 tokens exceeds block_size=16"):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
 
 
 def test_flops_routing_term():

@@ -582,6 +582,14 @@ def test_the_eta_is_in_seconds_then_minutes_then_hours():
         ["0s", "60s", "90s", "90s", "1.5m", "90.0m", "1.5h", "10.0h"]
 
 
+def test_the_eta_counts_to_the_step_this_session_stops_at(answer_dir, tmp_path, capsys):
+    """--stop-at ends the session before --max-steps: its progress lines count the time left to that step."""
+    train.main(tiny_args(answer_dir, tmp_path / "run", "--max-steps=100000", "--stop-at=4", "--log-interval=2"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == ["step 2/100000", "step 4/100000"]
+    assert lines[-1].endswith("| ETA 0s")
+
+
 def test_a_step_is_the_mean_over_its_micro_batches_at_each_groups_rate(answer_dir, tmp_path, monkeypatch):
     """Batch 8 as 2 micro-steps of 4: each micro-step draws rows of its own, the loss a step logs and backpropagates
     is the mean over them (each micro-step's loss / 2), and every parameter group steps at the schedule's rate times
@@ -933,8 +941,13 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train.main(tiny_args(answer_dir, whole, *prune))
     train.main(tiny_args(answer_dir, parts, *prune, "--stop-at=4"))  # stopped after the pruning
-    assert torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"] is not None
-    assert "were pruned: they stay zero" not in capsys.readouterr().out  # (not before the pruning)
+    mask = torch.load(parts / "ckpt.pt", weights_only=True)["router_mask"]
+    out = capsys.readouterr().out
+    zeroed = sum(int((~keep).sum()) for keep in mask.values())  # (every router's, of the 6 layers' 8 + 12 + ...)
+    total = sum(keep.numel() for keep in mask.values())
+    assert f"step 2: top-p 0.7 pruning zeroed {zeroed:,} of {total:,} router weights ({100 * zeroed / total:.1f}%); " \
+        "they stay zero from here on" in out.splitlines()
+    assert "were pruned: they stay zero" not in out  # (not before the pruning)
     train.main(tiny_args(answer_dir, parts, *prune, "--resume"))
     assert_same_run(parts, whole)
     ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
@@ -1208,6 +1221,22 @@ def test_a_session_in_another_precision_is_said_and_logged(answer_dir, tmp_path,
                 dict(step=3, dtype="float32", **where)]
     assert [dict(step=r["step"], **r["session"]) for r in read_log(run) if "session" in r] == sessions
     assert json.loads((run / "summary.json").read_text())["sessions"] == sessions
+
+
+def test_a_session_on_another_device_of_its_kind_is_not_said(answer_dir, tmp_path, capsys):
+    """Another device of the same kind (cuda:1 for cuda:0), compiled or not, in more or fewer processes: the arithmetic
+    is the same, so nothing is said as the run resumes; its log still has the session's row."""
+    run = tmp_path / "run"
+    train.main(tiny_args(answer_dir, run, "--max-steps=4", "--stop-at=2"))
+    rows = read_log(run)
+    for r in rows:  # as if the first session had run on another device of this kind, compiled, in 8 processes
+        if "session" in r:
+            r["session"].update(device="cpu:1", compile=True, world_size=8)
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    train.main(tiny_args(answer_dir, run, "--max-steps=4", "--resume"))
+    assert "NOTE" not in capsys.readouterr().out
+    assert [r["session"]["device"] for r in read_log(run) if "session" in r] == ["cpu:1", "cpu"]
 
 
 def test_language_data_cannot_move_under_a_resumed_run(language_run, tmp_path, capsys):
