@@ -198,7 +198,7 @@ class Routing:
     adds its share to kv~_2 and finishes kv~_1, layer 2's finishes kv~_2."""
 
     def __init__(self, routers, readers, reference=False):
-        self.routers, self.readers, self.reference = routers, readers, reference  # readers: see push_targets
+        self.routers, self.readers, self.reference = routers, readers, reference  # readers: see readers_of
         self.own = []  # every layer's own K/V so far, where a pulled layer reads it (else None: no slot held)
         self.pulled_from = {j for r in routers if reference or r.pulled for j in r.sources}
         self.partial = {}  # layer -> its routed K/V summed over the sources pushed so far
@@ -237,7 +237,7 @@ class Routing:
         return outs
 
     @staticmethod
-    def push_targets(routers):
+    def readers_of(routers):
         """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
         targets = [[] for _ in routers]
         for r in routers:  # ascending, so each list is too
@@ -366,7 +366,7 @@ class GPT(nn.Module):
         self.residual = method(config, J) if issubclass(method, Residual) else Residual()
         # every layer's router, or none at all; a plain list (the modules are registered in their blocks)
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
-        self.readers = Routing.push_targets(self.routers)  # once: the routers do not change
+        self.readers = Routing.readers_of(self.routers)  # once: the routers do not change
         self.reference_routing = False  # True: route with route_reference (slow, O(L^2) memory), as in the tests
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)

@@ -296,7 +296,7 @@ def test_a_router_pulled_at_some_layers_only_still_pushes_to_the_others():
     model, idx = routed_model("lime"), tokens()  # 6 layers
     for router in model.routers[1:]:
         router.__class__ = PulledAtOddLayers
-    model.readers = lime.Routing.push_targets(model.routers)
+    model.readers = lime.Routing.readers_of(model.routers)
     assert model.readers[1] == [2, 4]  # layer 1, pulled, is read by the pushed layers 2 and 4
     fast_logits, fast = run_routing(model, idx, reference=False)
     ref_logits, ref = run_routing(model, idx, reference=True)
