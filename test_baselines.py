@@ -9,6 +9,7 @@ import torch
 
 import bench
 import lime
+from cli import UsageError
 from conftest import small_model, tokens
 
 BASELINES = ["hc", "hc-static", "dwa", "value-residual"]
@@ -49,6 +50,12 @@ def test_a_fresh_model_is_the_baseline(method, autocast):
         torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
     else:
         assert torch.equal(logits, want_logits)
+
+
+def test_hyper_connections_take_up_to_64_streams():
+    assert small_model("hc-64").residual.n == 64
+    with pytest.raises(UsageError, match="--router=hc-65: at most 64 streams"):
+        small_model("hc-65")
 
 
 def test_parameters_and_flops():

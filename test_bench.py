@@ -39,6 +39,47 @@ def test_bench_runs_and_reports_ratios(tmp_path, capsys):
     assert all(phase in out for phase in phases) and sorted(phases, key=out.index) == phases
 
 
+def test_each_figure_is_the_median_of_its_timings(monkeypatch):
+    """ms/step the median of a mode's timed steps (not their mean, nor the first), tokens/s and generation's tokens/s
+    from the medians, MFU the model's FLOPs at those tokens/s over the device's peak: on a clock that each step and
+    each generation moves on by what the test says."""
+    clock, steps, gens = [0.0], {"none": [0.3, 0.1, 0.2], "lime": [0.5, 0.4, 0.9]}, {"none": [2.0, 1.0, 4.0],
+                                                                                   "lime": [3.0, 3.0, 1.0]}
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(bench.Runner, "train_step", lambda self, idx, autocast: clock.__setitem__(
+        0, clock[0] + steps[self.router].pop(0)))  # (no warm-up: every step is timed)
+    turns = iter(["none", "lime"] * 3)  # the modes generate by turns too
+    monkeypatch.setattr(bench, "generate", lambda model, idx, n, temperature: clock.__setitem__(
+        0, clock[0] + gens[next(turns)].pop(0)))
+    monkeypatch.setattr(bench, "peak_flops", lambda device, dtype: 1e12)
+    shape = dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16, vocab_size=32, block_size=8, batch_size=2)
+    args = types.SimpleNamespace(dtype="float32", compile="off", warmup=0, steps=3, profile=False, gen_repeats=3,
+                                 gen_tokens=4)
+    results = {r["router"]: r for r in bench.measure(["none", "lime"], shape, args, "cpu")}
+    for router, step_s, gen_s in (("none", 0.2, 2.0), ("lime", 0.5, 3.0)):
+        r = results[router]
+        assert r["ms_per_step"] == pytest.approx(1000 * step_s) and r["tokens_per_s"] == pytest.approx(2 * 8 / step_s)
+        assert r["gen_tokens_per_s"] == pytest.approx(2 * 4 / gen_s)
+        assert r["mfu"] == pytest.approx(r["flops_per_token"] * 2 * 8 / step_s / 1e12)
+    assert bench.add_ratios(list(results.values())) == "none" and results["lime"]["step_ratio"] == pytest.approx(2.5)
+    clock[0], calls = 0.0, iter([100.0, 100.0, 100.0, 1.0])  # the routing op alone: three untimed calls first
+    assert bench.time_op(lambda: clock.__setitem__(0, clock[0] + next(calls)), "cpu", 1) == pytest.approx(1000.0)
+
+
+def test_the_tables_show_mib_and_the_change_from_the_base(capsys):
+    """report(): memory in MiB; print_profile(): each kind's change from the base mode, signed."""
+    row = dict(ms_per_step=1.0, tokens_per_s=1.0, memory_bytes=10 * 2**20, gen_tokens_per_s=None, mfu=None)
+    bench.report([dict(row, router="none")], "t")
+    assert capsys.readouterr().out.splitlines()[-1].split()[5] == "10.0"
+
+    def profile(ms):
+        return dict(steps=1, busy_ms=ms, kinds={"matmul": (ms, 1)}, top=[])
+    bench.print_profile([dict(router="none", ms_per_step=1.0, profile=profile(1.0)),
+                         dict(router="lime", ms_per_step=3.0, profile=profile(3.0))], "none")
+    matmul = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("matmul"))
+    assert matmul.split() == ["matmul", "1.00", "(", "1)", "+0.00", "3.00", "(", "1)", "+2.00"]
+
+
 @pytest.fixture
 def commands(monkeypatch):
     """The command lines of the fresh processes bench.py starts, each run in this process instead (for time)."""
@@ -243,6 +284,32 @@ def test_a_regions_span_on_the_gpu_is_not_counted_as_its_kernels_again():
     p = bench.by_kind(events, on_gpu=True, steps=1)
     assert p["kinds"] == {"optimizer": (0.1, 1), "matmul": (0.05, 1), "the rest": (0.01, 1)}
     assert p["busy_ms"] == pytest.approx(0.16)
+    # per step, over 2 steps; a kernel the profiler tied to no op is the busy time's rest
+    events = [event("aten::mm", CPU, kernels=[("gemm", 50.0)]), event("aten::mm", CPU, kernels=[("gemm", 50.0)]),
+              event("gemm", CUDA, 50.0), event("gemm", CUDA, 50.0), event("orphan", CUDA, 100.0)]
+    p = bench.by_kind(events, on_gpu=True, steps=2)
+    assert p["kinds"] == {"matmul": (0.05, 1), "unattributed": (pytest.approx(0.05), 0)}
+    assert p["busy_ms"] == pytest.approx(0.1)
+
+
+def test_a_suite_measures_anew_with_other_warm_up_or_kernel_settings(tmp_path, monkeypatch, capsys):
+    """A model's figures are kept only where they were timed as this run times them: not after --warmup changed, nor
+    with a LIME_* (or compiler) setting in the environment that was not there."""
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "SUITE", [("t", "none")])
+    started = []
+    monkeypatch.setattr(bench, "measure_alone", lambda router, shape, args, argv: started.append(router) or dict(
+        router=router, ms_per_step=1.0, tokens_per_s=1.0, memory_bytes=1, params=1, gen_tokens_per_s=None, mfu=None,
+        measured=bench.measured_as(args)))
+    argv = ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0", "--json", str(tmp_path / "s.json")]
+    for extra, env, measured in (([], {}, 1), ([], {}, 1), (["--warmup", "2"], {}, 2),
+                                 (["--warmup", "2"], {"LIME_TILE": "128/8/0/4"}, 3)):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        bench.main([*argv, *extra])
+        assert len(started) == measured
+    capsys.readouterr()
 
 
 def test_bench_suite_goes_on_from_its_last_model_on_the_same_machine(tmp_path, capsys, monkeypatch, commands):

@@ -35,17 +35,20 @@ def fineweb_files(n_train=2):
     return {name: shard_bytes(rng.integers(0, 50257, 5000 + 100 * i)) for i, name in enumerate(names)}
 
 
-def test_fineweb_download_then_nothing_to_do(serve, tmp_path):
+def test_fineweb_download_then_nothing_to_do(serve, tmp_path, capsys):
     files = fineweb_files()
     server = serve(files)
     prepare_data.prepare_fineweb(tmp_path, 2, server.url)
+    assert "already there" not in capsys.readouterr().out
     for name, data in files.items():
         assert (tmp_path / name).read_bytes() == data
     assert len(load_tokens(tmp_path, "train")) == 2 and len(load_tokens(tmp_path, "val")["finewebedu_val_000000.bin"]) \
         == 5000
     n = len(server.requests)
     prepare_data.prepare_fineweb(tmp_path, 2, server.url)
-    assert len(server.requests) == n  # complete files are not fetched again
+    assert len(server.requests) == n  # complete files are not fetched again, and each says so
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.endswith("tokens (already there)") for line in lines)
     assert not list(tmp_path.glob("*.part"))
 
 
@@ -258,16 +261,17 @@ def test_missing_file_is_one_line(serve, tmp_path, capsys):
 
 def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch):
     """An HTTP library that ends a body cut short without an error (urllib3 before 2.0): the download asks for the
-    rest, as for a cut it is told of, and the file takes its name whole."""
+    rest, as for a cut it is told of, again where the rest is cut short too, and the file takes its name whole."""
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     data, asked = bytes(range(200)), []
 
-    class Response:  # the first answer announces every byte and ends halfway; the next sends the rest
+    class Response:  # each answer announces the rest and ends halfway through it, but the third, which sends it all
         def __init__(self, url, headers, **kwargs):
             asked.append(headers.get("Range"))
             start = int(headers["Range"][6:-1]) if "Range" in headers else 0
-            self.status_code, self.body = (206 if start else 200), data[start:] if start else data[:100]
-            self.headers = {"Content-Length": str(len(data) - start)}
+            rest = data[start:]
+            self.status_code, self.body = (206 if start else 200), rest if len(asked) == 3 else rest[:len(rest) // 2]
+            self.headers = {"Content-Length": str(len(rest))}
 
         def __enter__(self):
             return self
@@ -280,8 +284,19 @@ def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch
 
     monkeypatch.setattr(prepare_data.requests, "get", Response)
     assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True
-    assert (tmp_path / "x.bin").read_bytes() == data and asked == [None, "bytes=100-"]
+    assert (tmp_path / "x.bin").read_bytes() == data and asked == [None, "bytes=100-", "bytes=150-"]
     assert not (tmp_path / "x.bin.part").exists()
+
+
+def test_retries_wait_twice_as_long_each_time(tmp_path, monkeypatch):
+    """A server that cannot be reached is asked again after 1, 2, 4, 8 and 16 s (the default 5 retries)."""
+    waits = []
+    monkeypatch.setattr(prepare_data.time, "sleep", waits.append)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        with pytest.raises(DataError):
+            prepare_data.download(f"http://127.0.0.1:{s.getsockname()[1]}/x.bin", tmp_path / "x.bin")
+    assert waits == [1, 2, 4, 8, 16]
 
 
 def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkeypatch):
@@ -444,6 +459,18 @@ def test_shakespeare_of_no_text_is_refused_and_not_kept(serve, tmp_path, capsys,
     err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder)], capsys, code=1)
     assert err == f"prepare_data.py: error: {folder / message}: put a text there, or --overwrite to download it again"
     assert [p.name for p in folder.iterdir()] == ["input.txt"]
+
+
+def test_tiny_shakespeare_is_its_first_90_percent_for_training_and_says_how_many_tokens(serve, tmp_path, capsys):
+    """The split is at 90% of the text, and each shard's line counts its tokens (the end-of-text token first)."""
+    text, enc = "abcdefghij\n" * 100, small_encoding()
+    prepare_data.prepare_shakespeare(tmp_path, f"{serve({'input.txt': text.encode()}).url}/input.txt", enc=enc)
+    train, val = (next(iter(load_tokens(tmp_path, split).values())) for split in ("train", "val"))
+    assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text and \
+        enc.decode(list(val[1:])) == text[int(0.9 * len(text)):]
+    assert [line for line in capsys.readouterr().out.splitlines() if line.endswith(" tokens")] == [
+        f"{tmp_path / f'shakespeare_{split}_000000.bin'}: {len(tokens):,} tokens" for split, tokens in
+        (("train", train), ("val", val))]
 
 
 def test_a_web_page_is_not_taken_for_the_text(serve, tmp_path, capsys, offline_gpt2):

@@ -72,6 +72,15 @@ def changed(a, i, value):
 NOT_FRAMED = "does not start and end with the end of text (256), with none between"
 
 
+def test_the_longest_sample_may_be_a_test_question(serve, tmp_path, offline_gpt2):
+    """A test question longer than every training sample is the one that must fit the block: the data says so."""
+    test = prosqa_records(4, 2)
+    test[1]["question"] += " Every le is a wu." * 8
+    prepare_data.prepare_prosqa(tmp_path, serve({**prosqa_files(), "prosqa_test.json": json.dumps(test).encode()}).url)
+    data = prosqa.Data(SimpleNamespace(data_dir=str(tmp_path), block_size=1024, eval_samples=4))
+    assert data.longest == len(prosqa.load(tmp_path, "test")[0][1][0]) > max(len(ids) for ids, _ in data.train)
+
+
 @pytest.mark.parametrize("damage, message", [  # damage(the file's good arrays): the arrays it replaces
     (lambda f: dict(tokens=f["tokens"][:0], offsets=f["offsets"][:1], prompt_lens=f["prompt_lens"][:0]), "no records"),
     (lambda f: dict(eot=np.array("x")), "eot is not an integer"),
