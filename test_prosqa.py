@@ -31,6 +31,9 @@ def test_prosqa_download_check_and_tokens(serve, tmp_path, offline_gpt2, capsys)
         assert (tmp_path / name).read_bytes() == data
     rows, eot = prosqa.load(tmp_path, "train")
     assert eot == enc.eot_token and len(rows) == 32
+    said = next(line for line in capsys.readouterr().out.splitlines() if "prosqa_train.json: 32 records" in line)
+    assert said.endswith(f"{sum(len(ids) for ids, _ in rows):,} tokens, longest record "
+                         f"{max(len(ids) for ids, _ in rows)}")
     for (ids, n_prompt), r in zip(rows, json.loads(files["prosqa_train.json"])):
         ids = ids.tolist()
         assert enc.decode(ids[:n_prompt]) == f"<|endoftext|>{r['question']}\n"
