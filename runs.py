@@ -1246,6 +1246,7 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
     unmade = cfg.data == "arithmetic" and not makes and not there
     finish = unmade and arithmetic.finishing(cfg.data_dir)
     missing = unmade and generates and run.resume is None and not finish
+    make = missing and arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)  # (the command that makes it)
     if dry_run:
         held = being_written(folder)
         if not there or held:
@@ -1253,7 +1254,7 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
             if (missing or finish) and not held and run.master:
                 print(f"note: {cfg.data_dir} was cut short as its data was made: the run needs `{finish}` first"
                       if finish else f"note: no arithmetic data in {cfg.data_dir}: the run needs it made first, by "
-                      f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`", file=sys.stderr)
+                      f"`{make}`", file=sys.stderr)
             return None
     if makes:
         if not there and run.master:  # (under torchrun, rank 0 alone; the others wait at the barrier)
@@ -1262,8 +1263,7 @@ def training_data(cfg, run, generates=None, home=None, dry_run=False):
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # every process, whether or not it found the data: none waits alone
     elif missing:  # (a finishing one: load() says it)
-        raise DataError(f"no arithmetic data in {cfg.data_dir}: run "
-                        f"`{arithmetic.command(dataclasses.asdict(generates), cfg.data_dir)}`")
+        raise DataError(f"no arithmetic data in {cfg.data_dir}: run `{make}`")
     data = load_data(cfg, new_model=run.resume is None)
     if data.vocab_size > cfg.vocab_size:
         whose = f" (the model of --init-from={cfg.init_from})" if cfg.init_from else ""
