@@ -99,6 +99,17 @@ def test_resume_equals_uninterrupted(answer_dir, whole_run, tmp_path, monkeypatc
     assert dropped == (interrupt == "a cut last line")
 
 
+def test_a_session_stopped_between_progress_lines_leaves_no_row_of_its_own(answer_dir, tmp_path):
+    """--stop-at on a step that --log-interval does not log: the session ends without a row for it (as one a signal
+    ends), so that the resumed run's log is the uninterrupted run's, row for row."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train.main(tiny_args(answer_dir, whole, "--log-interval=4"))
+    train.main(tiny_args(answer_dir, parts, "--log-interval=4", "--stop-at=5"))
+    assert [r["step"] for r in read_log(parts) if "loss" in r] == [4]
+    train.main(tiny_args(answer_dir, parts, "--log-interval=4", "--resume"))
+    assert_same_run(parts, whole)
+
+
 def test_resume_steps_adamw_as_this_session_chooses(answer_dir, whole_run, tmp_path, capsys):
     """How AdamW computes its step (fused, foreach, differentiable: train.py's choice for its device) is this
     session's, not the checkpoint's: a GPU run's fused=True resumed on a CPU, or a value damaged by hand, would train

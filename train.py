@@ -295,7 +295,9 @@ def train(cfg, run):
                 mask_routers(raw_model, mask)
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            logged = (step + 1) % cfg.log_interval == 0 or step + 1 == last_step  # the step about to be taken's row
+            # the step about to be taken's row: on the interval, and the run's last step. NOTE not a session's last
+            # (--stop-at), as a signal's is not: else a resumed run's log would hold a row the uninterrupted one lacks
+            logged = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.max_steps
             if ddp and logged:  # the step's loss over every process's rows, as one process drawing them all logs it
                 dist.all_reduce(loss_sum)  # (not rank 0's rows alone: the log would change with the world size); on a
                 loss_sum /= world  # logged step only, and before the update: a process gone fails it, step not taken
