@@ -116,7 +116,8 @@ def main(argv=None):
     p.add_argument("--seeds", default="1,2,3", help="comma-separated train.py seeds (weights and data order)")
     p.add_argument("--epochs", type=float, default=2.0, help="training epochs of every run")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                   help="runs at a time (default: one per CPU core, each on one thread)")
+                   help="runs at a time (default: one per CPU core), each on its share of the cores (or "
+                        "OMP_NUM_THREADS threads, where set)")
     p.add_argument("--out-dir", type=a_path, default="out/grid", help="where the runs go")
     p.add_argument("--data-root", type=a_path, default="data/grid", help="where each regime's data folder goes")
     with one_line_errors("grid.py"):
@@ -323,9 +324,11 @@ def launch(cmd, log, env):
 
 
 def run_grid(runs, args, extra):
-    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # a run's share of the cores, for its math and (on CUDA, where train.py compiles) for torch.compile's workers,
-    # which would otherwise start one per core in every run
+    # which would otherwise start one per core in every run; or the user's own OMP_NUM_THREADS, as train.py alone
+    # would take it
+    own = os.environ.get("OMP_NUM_THREADS", "")
+    threads = own if own.isdigit() and int(own) > 0 else str(max(1, (os.cpu_count() or 1) // args.jobs))
     env = alone(OMP_NUM_THREADS=threads, TORCHINDUCTOR_COMPILE_THREADS=threads, PYTHONUNBUFFERED="1")
     todo, running, failed, started = [], {}, [], time.time()
     dirs = []

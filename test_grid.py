@@ -174,6 +174,18 @@ def test_grid_runs_jobs_at_a_time_and_tables_its_seeds(tmp_path, capsys, monkeyp
     assert "|  | none | 1 | 1.000 | 10.0 | +5.0 |" in tables["test"].splitlines()
 
 
+def test_a_grid_gives_each_run_the_thread_count_the_user_set(tmp_path, capsys, monkeypatch):
+    """An OMP_NUM_THREADS of the user's own is each run's, as train.py run alone would take it, not cores / --jobs;
+    one that is not a count of threads is not passed on."""
+    _, threads = fake_runs(monkeypatch)
+    for own, given in (("3", "3"), ("0", str(os.cpu_count() or 1)), ("x", str(os.cpu_count() or 1))):
+        monkeypatch.setenv("OMP_NUM_THREADS", own)
+        threads.clear()
+        args = SimpleNamespace(out_dir=str(tmp_path / f"out-{own}"), jobs=1, epochs=1.0, test_size=2)
+        grid.run_grid([("regime", "lime", 1, tmp_path / "data", 16, 24)], args, [])
+        assert threads == {given} and f"1 at a time on {given} thread(s) each" in capsys.readouterr().out
+
+
 def test_a_regime_with_too_few_expressions_leaves_no_folder_behind(tmp_path, capsys, refused):
     """mod 3, one operator: 33 expressions, too few for 30 unseen ones in each scored split. Found as the data is
     generated, after the checks: one line, exit 2, and the folders the grid made for it are gone again."""
@@ -402,6 +414,7 @@ def test_a_grid_runs_jobs_at_a_time_and_a_run_that_exits_non_zero_failed(tmp_pat
     val accuracies; a run that exits non-zero failed, even with a summary.json there (a train.py run by hand that
     finished while the grid's run was refused): named, and the grid exits 1."""
     most, threads = fake_runs(monkeypatch, polls=3, fails={3})
+    monkeypatch.delenv("OMP_NUM_THREADS")  # (conftest.py sets it for the tests)
     args = SimpleNamespace(out_dir=str(tmp_path / "out"), jobs=2, epochs=1.0, test_size=2)
     with pytest.raises(SystemExit) as e:
         grid.run_grid([("regime", "lime", seed, tmp_path / "data", 16, 24) for seed in range(1, 6)], args, [])
