@@ -410,9 +410,9 @@ def parse_args(argv):
                    help="with --kernels on CUDA: time the Triton kernels at every tile size, warp count and number "
                         "of outputs a launch takes (TILES)")
     p.add_argument("--suite", action="store_true",
-                   help="every GPU figure of the README's Performance section (SUITE): lime against none at 150m "
-                        "and 1b, the routing op at both, then the other routers at 150m, 1b and deep, each model "
-                        "alone; with --json, run it again to go on after a cut: the models that file holds are kept")
+                   help="every GPU figure of the README's Performance section, each model alone, in parts (shape: "
+                        "routers, or the routing op): " + "; ".join(f"{shape}: {what}" for shape, what in SUITE) +
+                        "; with --json, run it again to go on after a cut: the models that file holds are kept")
     p.add_argument("--profile", action="store_true",
                    help="also profile 3 steps of each mode: where the time goes, by kind of work (routing, attention, "
                         "matmuls, ...), side by side with the first mode's")
