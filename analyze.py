@@ -188,7 +188,7 @@ def distinct_labels(runs_):
 
 def renyi_entropy(Z, alpha=1.0, standardise=True):
     """Matrix-based Renyi entropy of the tokens' representations Z (T, d): features standardised over the tokens
-    (SPEC; with standardise=False, the paper's K = Z Z^T as it writes it), Gram matrix over tokens, eigenvalues
+    (with standardise=False, the paper's K = Z Z^T as it writes it), Gram matrix over tokens, eigenvalues
     normalised by the trace. From 0 (rank 1) up to log(T - 1) standardised (centring the features over the tokens
     takes away one dimension), log(T) plain."""
     Z = Z.double()
@@ -579,7 +579,7 @@ def main(argv=None):
         if name == "entropy":
             s.add_argument("--alpha", type=float, default=1.0, help="Renyi entropy order, > 0 (1: von Neumann)")
             s.add_argument("--gram", choices=("standardised", "plain"), default="standardised",
-                           help="the Gram matrix of the features standardised over the tokens (SPEC), or plain: "
+                           help="the Gram matrix of the features standardised over the tokens, or plain: "
                                 "K = Z Z^T, as the paper's equation writes it")
     t = sub.add_parser("table", help="the ablation table from finished runs' summary.json, as Markdown")
     t.add_argument("run_dirs", nargs="+", type=a_path,
