@@ -482,8 +482,11 @@ def atomic_write(path, write):
     # what a process killed while writing left goes first: on a full disk, its space (a checkpoint's: GBs) is this one's
     for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
         pid = stale.name[len(path.name) + 1:-len(".tmp")]
-        if pid.isdigit() and not running(int(pid)):
-            stale.unlink(missing_ok=True)
+        if pid.isdigit() and not running(int(pid)) and not stale.is_dir():  # (a folder by that name is none of ours)
+            try:
+                stale.unlink(missing_ok=True)
+            except OSError:  # another user's, in a folder they share: theirs to remove, and no reason not to write
+                pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:

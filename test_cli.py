@@ -469,6 +469,15 @@ def test_two_processes_writing_one_file_do_not_collide(tmp_path, monkeypatch):
         stale.write_bytes(b"half")
     cli.atomic_write(odd, lambda f: f.write(b"new"))
     assert set(tmp_path.iterdir()) == {path, writing, others, odd, near, no_pid}
+    # a folder by such a name is no leftover of ours, and one that may not be removed is left: the file is written
+    folder, kept = tmp_path / "c.json.999999999.tmp", tmp_path / "c.json.999999997.tmp"
+    folder.mkdir()
+    kept.write_bytes(b"half")
+    unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: unlink(self, missing_ok) if self != kept else (
+        _ for _ in ()).throw(PermissionError(errno.EPERM, os.strerror(errno.EPERM))))
+    cli.atomic_write(tmp_path / "c.json", lambda f: f.write(b"new"))
+    assert (tmp_path / "c.json").read_bytes() == b"new" and folder.is_dir() and kept.exists()
 
 
 def test_what_a_killed_process_left_goes_before_the_write_needs_its_space(tmp_path):
