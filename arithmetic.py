@@ -555,7 +555,8 @@ def prepare_held(data_dir, task, seed, train_size, test_size, overwrite):
         if change:  # meta.json says this data, a file says otherwise: a line cut, edited or lost
             raise UsageError(f"{change}: give another --data-dir, or --overwrite to replace it")
         if have == want:
-            (data_dir / UNFINISHED).unlink(missing_ok=True)  # (cut short before it had deleted anything)
+            if finishing(data_dir):  # our marker: cut short before it had deleted anything (else a user's file,
+                (data_dir / UNFINISHED).unlink()  # or a folder, by its name: not ours to remove, harmless beside data)
             print(f"{data_dir} holds this data already: {describe(have)}")
             return
         if have:
