@@ -15,8 +15,8 @@ task vocabulary. Generation uses the KV cache.
 """
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
-from cli import (DEVICES, SEED, DataError, Parser, UsageError, a_path, autocast_for, one_line_errors, pick_device,
-                 show_metrics, synchronize)
+from cli import (DEVICES, SEED, DataError, Parser, UsageError, a_path, autocast_for, check_a_file, one_line_errors,
+                 pick_device, show_metrics, synchronize)
 
 import math
 import random
@@ -89,6 +89,7 @@ def prompts(args, codec, n):
         return random.Random(args.seed).sample(list(codec.answers), min(n, len(codec.answers)))
     text = "<|endoftext|>" if args.start is None else args.start
     if text.startswith("FILE:"):
+        check_a_file(text[5:])  # NOTE not a FIFO (its read would wait for a writer forever), nor /dev/zero (endless)
         try:
             text = Path(text[5:]).read_text(encoding="utf-8")
         except OSError as e:  # a file the command reads: exit 1, as for any other

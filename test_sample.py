@@ -239,10 +239,16 @@ def test_sample_bad_input(arith_run, capsys, args, message):
 
 
 def test_a_prompt_file_that_cannot_be_read_is_exit_1(arith_run, tmp_path, capsys):
+    """Missing, not UTF-8, or no file at all: a FIFO (whose read would wait for a writer forever), a device (/dev/zero:
+    a read without end), a folder."""
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
     for name, message in (("missing.txt", "No such file or directory"), ("latin1.txt", "not UTF-8 text")):
         err = error_of(sample.main, ["--out-dir", str(arith_run), "--start", f"FILE:{tmp_path / name}"], capsys, code=1)
         assert err == f"sample.py: error: --start FILE:{tmp_path / name}: {message}"
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "fifo", Path("/dev/zero"), tmp_path):
+        err = error_of(sample.main, ["--out-dir", str(arith_run), "--start", f"FILE:{path}"], capsys, code=1)
+        assert err == f"sample.py: error: {path} is not a file"
 
 
 def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
