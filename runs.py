@@ -784,6 +784,9 @@ def read_checkpoint(out_dir):
     """<out-dir>/ckpt.pt as a dict with what train.py saves in it; a DataError if it is missing, empty,
     unreadable or not train.py's."""
     path = Path(out_dir) / "ckpt.pt"
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # (not "no checkpoint at notes.md/ckpt.pt"; os.path's
+        # tests: False under a folder this user may not enter, which the read of the checkpoint names)
+        raise DataError(f"{out_dir} is not a folder: give the folder of a run")
     check_a_file(path)  # (torch.load would wait on a FIFO forever)
     if not path.exists():
         raise DataError(f"no checkpoint at {path}")

@@ -254,6 +254,8 @@ def test_a_prompt_file_that_cannot_be_read_is_exit_1(arith_run, tmp_path, capsys
 def test_sample_missing_or_unreadable_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1)
     (tmp_path / "ckpt.pt").write_text("garbage")
+    assert error_of(sample.main, ["--out-dir", str(tmp_path / "ckpt.pt")], capsys, code=1) == \
+        f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a folder: give the folder of a run"  # (a file given)
     assert error_of(sample.main, ["--out-dir", str(tmp_path)], capsys, code=1) == \
         f"sample.py: error: {tmp_path / 'ckpt.pt'} is not a checkpoint of train.py (not a whole zip archive, as " \
         "torch.save writes: cut short, or another file)"
