@@ -349,7 +349,11 @@ def run_folders(paths):
 
 
 def cmd_table(args):
-    summaries = [runs.read_summary(d) for d in run_folders(args.run_dirs)]
+    summaries = []
+    for d in run_folders(args.run_dirs):
+        summaries.append(runs.read_summary(d))
+        if (d / "config.json").exists():  # (else a summary.json copied in from another run: a row named as this one)
+            runs.agree(d, runs.read_record(d / "config.json", config=True), summaries[-1])
     table = tables.results_table(summaries, args.split)
     print(table)
     return table
@@ -363,9 +367,7 @@ def eval_rows(run_dir):
     """A run's config.json and the evaluations its log.jsonl holds (finished or not)."""
     config = runs.read_record(run_dir / "config.json", config=True)
     summary = runs.summary_if_whole(run_dir)  # a finished run's: its config is config.json's, its steps the log's
-    if differ := runs.other_run(config, summary.get("config", {})):  # (else a curve named as the other run)
-        raise DataError(f"{run_dir / 'config.json'} is not of the run that its summary.json describes: its "
-                        f"{differ!r} is {config[differ]!r}, the summary's {summary['config'][differ]!r}")
+    runs.agree(run_dir, config, summary)  # (else a curve named as the other run)
     if not (run_dir / "log.jsonl").exists():
         raise DataError(f"no {run_dir / 'log.jsonl'}: not a run folder, or a run not started yet")
     rows, notice = runs.read_log(run_dir / "log.jsonl")

@@ -336,7 +336,9 @@ def resume_checkpoint(cls, cfg, given):
     finished = (Path(cfg["out_dir"]) / "summary.json").exists()
     if finished:  # a checkpoint older than the run's end (one restored from a backup): resumed, it would cut the log
         try:      # back to its step and delete the summary, the finished run lost without a word
-            ended = read_summary(cfg["out_dir"]).get("steps")
+            summary = read_summary(cfg["out_dir"])
+            agree(cfg["out_dir"], run, summary)  # (one copied in from another run: where this one ended is not known)
+            ended = summary.get("steps")
             if ended is None:  # (read_summary checks it where it is there)
                 raise DataError(f"{Path(cfg['out_dir']) / 'summary.json'} says at which step the run ended nowhere")
         except DataError as e:  # damaged: where that run ended is not known, and a finished run is not replaced unasked
@@ -1108,6 +1110,14 @@ def other_run(record, config):
                 None)
 
 
+def agree(run_dir, config, summary):
+    """A DataError where a run folder's config.json and summary.json are of two runs (router, seed or preset): one
+    copied in from another run, which would be tabled, drawn or scored as this folder's."""
+    if differ := other_run(config, summary.get("config", {})):
+        raise DataError(f"{Path(run_dir) / 'config.json'} is not of the run that its summary.json describes: its "
+                        f"{differ!r} is {config[differ]!r}, the summary's {summary['config'][differ]!r}")
+
+
 def summary_if_whole(run_dir):
     """A run's summary.json, {} where there is none or it is damaged: what a reader that does not need it compares the
     run's other files with (nothing, then)."""
@@ -1181,15 +1191,18 @@ def load_checkpoint(out_dir, device, data_dir=None):
 
 def check_of_folder(ckpt, out_dir):
     """A DataError where the checkpoint read from out_dir is of another model or seed than the folder's config.json
-    names, or of a step before the end of the finished run that its summary.json describes: a folder of two runs (a
-    ckpt.pt copied in by hand, or restored from a backup), which would be scored, drawn, pruned or started from as the
-    one it names. Nothing to compare with where those files are missing or damaged: the checkpoint says what it is."""
+    names, or of a step before the end of the finished run that its summary.json describes, or a summary.json of
+    another run than config.json's: a folder of two runs (a file copied in by hand, or restored from a backup), which
+    would be scored, drawn, pruned or started from as the one it names. Nothing to compare with where those files are
+    missing or damaged: the checkpoint says what it is."""
     written = Path(out_dir) / "config.json"
     try:
         run = read_json(written) if written.exists() else {}
     except DataError:
         run = {}
-    ended = summary_if_whole(out_dir).get("steps")
+    summary = summary_if_whole(out_dir)
+    agree(out_dir, run, summary)
+    ended = summary.get("steps")
     other = [f"{k} {ckpt['config'][k]!r} (config.json: {run[k]!r})"
              for k in [*(f.name for f in dataclasses.fields(GPTConfig)), "seed"]
              if k in run and k in ckpt["config"] and run[k] != ckpt["config"][k]]

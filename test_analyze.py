@@ -785,9 +785,10 @@ def test_a_pruned_run_and_fine_tunes_of_other_runs_are_rows_apart(answer_dir, an
         "| lime (init_source.setting.max_steps 2, init_source.step 2)"]
     again = tmp_path / "tune3"  # a fine-tune of another seed of the same setting: one more seed of the row
     shutil.copytree(tunes[1], again)
-    summary = json.loads((again / "summary.json").read_text())
-    summary["seed"] = summary["config"]["seed"] = 4
+    summary, config = (json.loads((again / name).read_text()) for name in ("summary.json", "config.json"))
+    summary["seed"] = summary["config"]["seed"] = config["seed"] = 4  # (its files agree: a run of seed 4)
     (again / "summary.json").write_text(json.dumps(summary))
+    (again / "config.json").write_text(json.dumps(config))
     assert "| lime | 2 |" in analyze.main(["table", str(tunes[1]), str(again)])
 
 

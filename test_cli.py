@@ -1160,8 +1160,17 @@ DAMAGED = [
                      lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")]), 1,
      "log.jsonl: its last evaluation is of step 6, before the end of the finished run (step 12, its summary.json): its "
      "log is cut short"),
-    ("analyze", then(config_edit(seed=7), lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")]), 1,
-     "config.json is not of the run that its summary.json describes: its 'seed' is 7, the summary's 1337"),
+    *(("analyze", then(config_edit(seed=7), argv), 1,
+       "config.json is not of the run that its summary.json describes: its 'seed' is 7, the summary's 1337")
+      for argv in (lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")], lambda d, r, t: ["table", str(r)])),
+    # a summary.json copied in from another run (whole: its config its own): tabled, scored or started from as this one
+    *((script, then(json_edit("summary.json", lambda s: {**s, "seed": 7, "config": {**s["config"], "seed": 7}}), argv),
+       1, ("config.json is not of the run that its summary.json describes: its 'seed' is 1337, the summary's 7",))
+      for script, argv in (("analyze", lambda d, r, t: ["table", str(r)]),
+                           ("sample", lambda d, r, t: ["--out-dir", str(r), "--eval"]),
+                           ("analyze", lambda d, r, t: ["routes", "--out-dir", str(r)]),
+                           ("train", lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")),
+                           ("train", then(on_the_copy, resume)))),
     ("train", then(hand_edit(seed=7), lambda d, r, t: tiny_args(d, t / "new", f"--init-from={r}")), 1,
      ("--init-from: ", "config.json describes: it has seed 7 (config.json: 1337)")),  # (not started from as that run)
     # an older checkpoint of the run (restored from a backup): scored, drawn or started from as the finished run
