@@ -848,12 +848,13 @@ def read_checkpoint(out_dir):
     return ckpt
 
 
-def moments(ckpt):
-    """The tensors of a checkpoint's optimiser state, by a name for errors ("optimiser state's exp_avg of parameter
-    3")."""
+def moments(ckpt, keys=None):
+    """The tensors of a checkpoint's optimiser state (those under `keys` only, if given), by a name for errors
+    ("optimiser state's exp_avg of parameter 3")."""
     state = ckpt["optimizer"].get("state")
     return {f"optimiser state's {key} of parameter {i}": t for i, s in state.items() if isinstance(s, dict)
-            for key, t in s.items() if torch.is_tensor(t)} if isinstance(state, dict) else {}
+            for key, t in s.items() if torch.is_tensor(t) and (keys is None or key in keys)} \
+        if isinstance(state, dict) else {}
 
 
 def not_weights(path, name, t, kind="weights"):
@@ -872,6 +873,11 @@ def check_tensors(ckpt, model, path):
             raise not_weights(path, name, t)
         if name in weights and not t.isfinite().all():
             raise DataError(f"{path} is damaged: its {name} is not finite")
+    # AdamW keeps a weight's moments in the weight's dtype, and load_state_dict casts them to it without a word (an
+    # int64 exp_avg: its fractions gone), so a moment of another dtype is no state of this run's
+    for name, t in moments(ckpt, ("exp_avg", "exp_avg_sq")).items():
+        if t.dtype not in set(weights.values()):
+            raise not_weights(path, name, t, "moments")
     tied = {}  # one weight under two names (the head and the embedding): the file holds it twice, and one would win
     for name, p in model.named_parameters(remove_duplicate=False):
         tied.setdefault(id(p), []).append(name)

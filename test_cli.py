@@ -1527,6 +1527,12 @@ DAMAGED = [
      ("--resume: ", "ckpt.pt holds an optimiser state its config does not describe (exp_avg of transformer.")),
     ("train", then(on_the_copy, edit_moments(lambda s: s["exp_avg_sq"].fill_(-1.0)), resume), 1,
      ("--resume: ", "ckpt.pt is damaged: its optimiser state's exp_avg_sq of transformer.", " is negative")),
+    # a moment of another dtype than its weight's, which load_state_dict would cast without a word (int64: its fractions
+    # gone; float64: its last bits), the run resumed with other moments than it saved
+    *(("train", then(on_the_copy, edit_moments(lambda s, d=dtype: s.update(exp_avg=s["exp_avg"].to(d))), resume), 1,
+       ("--resume: ", f"ckpt.pt is not a checkpoint of train.py: its optimiser state's exp_avg of parameter 0 is not a "
+        f"tensor of moments ({name}, strided, cpu)")) for dtype, name in ((torch.int64, "int64"),
+                                                                         (torch.float64, "float64"))),
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c["optimizer"]["param_groups"][0].update(
         betas="x")), resume), 1, "ckpt.pt holds an optimiser state its config does not describe (betas 'x', not (0.9"),
     # what AdamW's steps read of the state but load_state_dict takes as it is: a traceback once the folder was
