@@ -400,6 +400,8 @@ def cmd_curves(args):
         raise UsageError(f"--out={args.out}: the picture is a PNG: give a path ending in .png")
     if args.out and Path(args.out).exists() and not Path(args.out).is_file():  # (before the work, not after it)
         raise UsageError(f"--out={args.out} is a folder, not a file: give the picture's own path")
+    if args.out and (problem := folder_problem(Path(args.out).parent)):  # (a file where its folder goes, say)
+        raise UsageError(f"--out={args.out}: {problem}")
     folders = run_folders(args.run_dirs)
     read = {d: eval_rows(d) for d in folders}
     evaluated = [d for d in folders if read[d][1]]  # the others stopped, or are still training, before their first

@@ -592,6 +592,8 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     (tmp_path / "d.png").mkdir()  # a picture asked for by name where it cannot go: refused first, not exit 0 without it
     assert error_of(analyze.main, ["curves", *dirs[:2], "--out", str(tmp_path / "d.png")], capsys, code=2) == \
         f"analyze.py: error: --out={tmp_path / 'd.png'} is a folder, not a file: give the picture's own path"
+    assert error_of(analyze.main, ["curves", *dirs[:2], "--out", str(picture / "c.png")], capsys, code=2) == \
+        f"analyze.py: error: --out={picture / 'c.png'}: {picture} is a file, not a folder"
     assert "no evaluation with val_acc_7 in all of its 2 run(s)" in error_of(
         analyze.main, ["curves", *dirs[:2], "--metric", "val_acc_7"], capsys, code=1)
     (tmp_path / "empty").mkdir()
