@@ -18,6 +18,7 @@ from cli import (DataError, Parser, UsageError, a_path, atomic_write, check_a_fi
                  holding, one_line_errors)
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,18 +72,25 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             # NOTE the bytes as the server holds them: a range of a compressed answer (gzip) is no range of the file
             ask["Accept-Encoding"] = "identity"
             with requests.get(url, headers=ask, stream=True, timeout=timeout) as r:
-                if r.status_code == 416:  # the .part already holds every byte
-                    break
+                if r.status_code == 416 and have:  # no byte past the .part's end: it holds the whole file, unless
+                    total = content_range(r.headers)[1]  # the file is of another length now (another version)
+                    if total in (None, have):
+                        break
+                    part.unlink()
+                    raise requests.ConnectionError(f"the file is of {total:,} bytes now, its .part of {have:,}")
                 if r.status_code in TRANSIENT_STATUS:
                     raise requests.ConnectionError(f"HTTP {r.status_code}")
                 if r.status_code >= 400:
                     raise DataError(f"{url}: HTTP {r.status_code}")
-                if r.headers.get("Content-Type", "").startswith("text/html"):  # no file of ours is a web page
+                if r.headers.get("Content-Type", "").lower().startswith("text/html"):  # no file of ours is a web page
                     raise DataError(f"{url}: the server sent a web page (Content-Type: {r.headers['Content-Type']}), "
                                     "not the file: a login or proxy page?")
                 if r.status_code == 206 and checked_validator(r.headers) not in ("", validator) and validator:
                     part.unlink()  # NOTE the rest of another version (a proxy that takes Range, not If-Range)
                     raise requests.ConnectionError("the file changed on the server since its .part began")
+                if r.status_code == 206 and content_range(r.headers)[0] not in (None, have):
+                    part.unlink()  # NOTE appended, another range would make a file of the right length, and wrong
+                    raise requests.ConnectionError("the server sent another range than the rest of the .part")
                 if r.status_code != 206:  # the server ignored Range, or the file changed since (If-Range): start again
                     have = 0
                     validator = checked_validator(r.headers)
@@ -102,7 +110,8 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
             break
         except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
             if attempt == retries:
-                raise DataError(f"{url}: {failure(e)} (gave up after {retries} retries; run again to resume)")
+                again = "run again to resume" if part.exists() else "run again to try again"
+                raise DataError(f"{url}: {failure(e)} (gave up after {retries} retries; {again})")
             wait = min(2**attempt, 30)
             # (on a terminal, a new line first: the progress line may be half drawn)
             print("\n" * sys.stderr.isatty() + f"{dest.name}: {failure(e)}; retrying in {wait}s", file=sys.stderr)
@@ -113,7 +122,7 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
         try:
             verify(part)
         except DataError:
-            part.unlink()  # a corrupt file is never left behind to be resumed or renamed
+            part.unlink(missing_ok=True)  # a corrupt file is never left behind to be resumed or renamed
             source.unlink(missing_ok=True)
             if made and not any(dest.parent.iterdir()):
                 dest.parent.rmdir()
@@ -121,6 +130,13 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
     os.replace(part, dest)
     source.unlink(missing_ok=True)
     return True
+
+
+def content_range(headers):
+    """(first byte, the file's length) by an answer's Content-Range: 'bytes 100-199/200' (206), 'bytes */200' (416);
+    None for what it does not say."""
+    m = re.fullmatch(r"bytes (?:(\d+)-\d+|\*)/(\d+|\*)", headers.get("Content-Range", "").strip(), flags=re.ASCII)
+    return (int(m[1]) if m and m[1] else None), (int(m[2]) if m and m[2] != "*" else None)
 
 
 def checked_validator(headers):

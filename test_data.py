@@ -230,6 +230,43 @@ def test_a_part_that_holds_the_whole_file_is_checked_and_renamed(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
 
 
+@pytest.mark.parametrize("part, answer", [(bytes(range(100)), 206), (b"x" * 300, 416)], ids=["206", "416"])
+def test_a_resume_answered_for_another_range_or_length_starts_over(tmp_path, monkeypatch, part, answer):
+    """A 206 of another range than the rest of the .part (appended, a file of the right length and the wrong bytes),
+    or a 416 that gives the file another length than the .part's (a file changed since: the .part was renamed as the
+    whole file): the .part is dropped, and the file fetched from its first byte. A 416 to a request for the whole file
+    is one line."""
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
+    data, url, asked, whole = bytes(range(200)), "http://example.invalid/x.bin", [], [200]
+
+    class Response:
+        def __init__(self, url, headers, **kwargs):
+            asked.append(headers.get("Range"))
+            self.status_code, self.headers = whole[0], {"Content-Length": str(len(data))}
+            if "Range" in headers:  # (the whole file, or none of it)
+                self.status_code = answer
+                self.headers["Content-Range"] = "bytes 0-199/200" if answer == 206 else "bytes */200"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield data
+
+    (tmp_path / "x.bin.part").write_bytes(part)
+    (tmp_path / "x.bin.part.url").write_text(f"{url}\n")
+    monkeypatch.setattr(prepare_data.requests, "get", Response)
+    assert prepare_data.download(url, tmp_path / "x.bin") is True
+    assert (tmp_path / "x.bin").read_bytes() == data and asked == [f"bytes={len(part)}-", None]
+    whole[0] = 416
+    with pytest.raises(DataError, match=re.escape(f"{url}: HTTP 416")):
+        prepare_data.download(url, tmp_path / "y.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (shard_bytes(range(100), magic=123), "bad magic"),
     (shard_bytes(range(100), count=500), "header announces 500 tokens"),
@@ -283,7 +320,9 @@ def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch
             yield self.body
 
     monkeypatch.setattr(prepare_data.requests, "get", Response)
-    assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True
+    with pytest.raises(DataError, match=r"\(gave up after 1 retries; run again to resume\)$"):  # (its .part kept)
+        prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin", retries=1)
+    assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True  # ... and resumed
     assert (tmp_path / "x.bin").read_bytes() == data and asked == [None, "bytes=100-", "bytes=150-"]
     assert not (tmp_path / "x.bin.part").exists()
 
@@ -301,7 +340,8 @@ def test_retries_wait_twice_as_long_each_time(tmp_path, monkeypatch):
 
 def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkeypatch):
     """A server that cannot be reached (a port nothing listens on; offline, a host that does not resolve): a line per
-    retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made."""
+    retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made, and no
+    .part to resume from, so not said to be."""
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     refused = re.escape(f"Failed to establish a new connection: [Errno {errno.ECONNREFUSED}] "
                         f"{os.strerror(errno.ECONNREFUSED)}")
@@ -310,7 +350,8 @@ def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkey
         url = f"http://127.0.0.1:{s.getsockname()[1]}/x.bin"
         with pytest.raises(DataError) as e:
             prepare_data.download(url, tmp_path / "new" / "x.bin", retries=2)
-    assert re.fullmatch(f"{re.escape(url)}: {refused} \\(gave up after 2 retries; run again to resume\\)", str(e.value))
+    assert re.fullmatch(f"{re.escape(url)}: {refused} \\(gave up after 2 retries; run again to try again\\)",
+                        str(e.value))
     lines = capsys.readouterr().err.splitlines()  # (no blank lines: stderr is not a terminal here)
     assert [re.sub(refused, "REFUSED", line) for line in lines] == [
         "x.bin: REFUSED; retrying in 1s", "x.bin: REFUSED; retrying in 2s"]
@@ -473,14 +514,15 @@ def test_tiny_shakespeare_is_its_first_90_percent_for_training_and_says_how_many
         (("train", train), ("val", val))]
 
 
-def test_a_web_page_is_not_taken_for_the_text(serve, tmp_path, capsys, offline_gpt2):
+@pytest.mark.parametrize("kind", ["text/html", "Text/HTML"])  # (a media type's case says nothing)
+def test_a_web_page_is_not_taken_for_the_text(serve, tmp_path, capsys, offline_gpt2, kind):
     """A server that answers with a web page (a login page, a proxy's) in place of the text: refused, and nothing of it
     kept (it was tokenised as the text)."""
     page = b"<!DOCTYPE html><html><body>Please sign in to continue.</body></html>\n" * 20
-    server, folder = serve({"input.txt": page}, headers={"Content-Type": "text/html; charset=utf-8"}), tmp_path / "s"
+    server, folder = serve({"input.txt": page}, headers={"Content-Type": f"{kind}; charset=utf-8"}), tmp_path / "s"
     url = f"{server.url}/input.txt"
     err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--url", url], capsys, code=1)
-    assert err == f"prepare_data.py: error: {url}: the server sent a web page (Content-Type: text/html; " \
+    assert err == f"prepare_data.py: error: {url}: the server sent a web page (Content-Type: {kind}; " \
         "charset=utf-8), not the file: a login or proxy page?"
     assert not folder.exists()
 
