@@ -223,6 +223,8 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
     download(url, text_path, verify=check, overwrite=overwrite)
     parts = split_text(text_path, val_fraction)  # (one downloaded, or one of your own put there)
     enc = enc or gpt2_encoding()
+    for path in shards.values():  # NOTE both go before either is made: cut short between the two, the folder would
+        path.unlink(missing_ok=True)  # hold a shard of each text, which the same command then kept as the data
     for split, part in zip(shards, parts):
         tokens = [enc.eot_token] + enc.encode_ordinary(part)  # documents start with end-of-text
         write_shard(shards[split], tokens)
@@ -251,7 +253,7 @@ def kept_shard(path):
     try:
         return check_shard(path)
     except DataError as e:
-        raise DataError(f"{e}: --overwrite replaces it") from None
+        raise DataError(f"{e}: remove it, and the same command makes it anew") from None
 
 
 def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):

@@ -80,9 +80,12 @@ def main(script, argv, cls, presets, train, read_data, description=None):
         if "prepare_data.py" not in str(e):
             where = "" if Path(f"data/{cfg.data}").resolve() == Path(cfg.data_dir) else \
                 f" --data-dir {shlex.quote(str(cfg.data_dir))}"
-            how = f"; prepare it with `python prepare_data.py {cfg.data}{where}`"
-            if re.search(r"\.bin\b", str(e)):  # a shard named: prepare_data.py replaces one only with --overwrite
-                how = f"; if it is damaged, prepare it anew with `python prepare_data.py {cfg.data}{where} --overwrite`"
+            command = f"`python prepare_data.py {cfg.data}{where}`"
+            how = f"; prepare it with {command}"
+            # a shard named: the command makes anew one that is not there, the others kept (and Tiny Shakespeare's
+            # text: --overwrite would download it again, over a text of one's own)
+            if re.search(r"\.bin\b", str(e)):
+                how = f"; if it is damaged, remove it and prepare it anew with {command}"
         # data to download: the preset that needs none, unless it is the one running
         return how + ("" if cfg.preset == "tiny" else " (the offline --preset=tiny needs no download)")
 

@@ -1640,7 +1640,8 @@ DAMAGED = [
     ("prepare_data", then(lambda d, r, t: (write_shard(t / "shakespeare_train_000000.bin", [5, 2] * 600),
                                            write(t / "shakespeare_val_000000.bin", NO_TOKENS)),
                           lambda d, r, t: ["shakespeare", "--data-dir", str(t)]), 1,
-     "shakespeare_val_000000.bin: holds no tokens (its header announces 0): --overwrite replaces it"),
+     "shakespeare_val_000000.bin: holds no tokens (its header announces 0): remove it, and the same command makes "
+     "it anew"),
     # what an adversarial review found: before, a traceback, memory without end, or a run or a user's file replaced
     ("train", then(lambda d, r, t: edit_checkpoint(r, lambda c: c.update(step=2**70)),  # (a list of 2**70 steps)
                    lambda d, r, t: tiny_args(d, r, f"--max-steps={2**80}", "--resume")), 1,

@@ -457,7 +457,7 @@ def test_token_ids_past_the_model_vocabulary_are_one_line(tmp_path, monkeypatch)
     assert str(e.value) == f"{tmp_path / 'x_val_000000.bin'}: cannot be read ({os.strerror(errno.EACCES)})"
 
 
-def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
+def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2, monkeypatch):
     """The text as GPT-2 tokens, 90% train and 10% val, each shard after an end-of-text; a shard missing is made
     again, and --overwrite downloads the text anew."""
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
@@ -477,6 +477,24 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2):
     prepare_data.main(["shakespeare", "--data-dir", str(tmp_path), "--url", url, "--overwrite"])
     train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newer == (tmp_path / "input.txt").read_text()
+    # an --overwrite cut short between its two shards leaves none of the old text's: the same command makes both anew
+    # from the new text, where it took a shard of each text for the data
+    newest, written = "Third Citizen:\nWhat authority surfeits on would relieve us.\n" * 20, []
+    url = f"{serve({'input.txt': newest.encode()}).url}/input.txt"
+
+    def cut_after_one(path, tokens):  # the first shard written, then Ctrl-C
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        write_shard(path, tokens)
+
+    monkeypatch.setattr(prepare_data, "write_shard", cut_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data.prepare_shakespeare(tmp_path, url, enc=enc, overwrite=True)
+    monkeypatch.setattr(prepare_data, "write_shard", write_shard)
+    prepare_data.prepare_shakespeare(tmp_path, url, enc=enc)
+    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
+    assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newest
     for shard in tmp_path.glob("*.bin"):
         shard.unlink()
     (tmp_path / "input.txt").write_bytes(b"\xff\xfe not UTF-8")  # a text of your own, put there, in another encoding

@@ -375,12 +375,12 @@ def test_missing_language_data_says_how_to_prepare(tmp_path, capsys, monkeypatch
                                 f"--out-dir={tmp_path / 'run'}"], capsys, code=1)
     assert msg.endswith(f"no val shards in {half}; prepare it with `python prepare_data.py shakespeare --data-dir "
                         f"{half}`")
-    (half / "shakespeare_val_000000.bin").write_bytes(b"not a shard")  # damaged: replaced with --overwrite alone
+    (half / "shakespeare_val_000000.bin").write_bytes(b"not a shard")  # damaged: removed, made anew
     msg = error_of(train.main, ["--preset=tiny", "--data=shakespeare", f"--data-dir={half}",
                                 f"--out-dir={tmp_path / 'run'}"], capsys, code=1)
     assert msg.endswith(f"shakespeare_val_000000.bin: not a token shard (bad magic or version in the header); if it "
-                        f"is damaged, prepare it anew with `python prepare_data.py shakespeare --data-dir {half} "
-                        "--overwrite`")
+                        f"is damaged, remove it and prepare it anew with `python prepare_data.py shakespeare "
+                        f"--data-dir {half}`")
     assert not (tmp_path / "run").exists()
 
 
