@@ -263,7 +263,10 @@ def prepare_prosqa(data_dir, base_url=prosqa.URL, enc=None, overwrite=False):
     for split in prosqa.SPLITS:
         dest = Path(data_dir) / f"prosqa_{split}.json"
         fetched = download(f"{base_url.rstrip('/')}/{dest.name}", dest, verify=prosqa.check, overwrite=overwrite)
-        records = prosqa.check(dest)
+        try:
+            records = prosqa.check(dest)
+        except DataError as e:  # (one downloaded before, damaged since: one downloaded now is checked already)
+            raise DataError(f"{e}: remove {dest}, and the same command downloads it anew") from None
         path = dest.with_suffix(".npz")
         if path.exists() and not fetched and not overwrite:
             # kept, as made before: checked, not said to be there whole when it is cut short or of other records

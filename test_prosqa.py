@@ -64,6 +64,12 @@ def test_corrupt_prosqa_file_is_reported_and_not_kept(serve, tmp_path, offline_g
     err = error_of(prepare_data.main, ["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url], capsys, code=1)
     assert err.startswith("prepare_data.py: error: prosqa_valid.json") and message in err
     assert not list(tmp_path.glob("prosqa_valid.*")) and (tmp_path / "prosqa_train.npz").exists()
+    # downloaded whole before, damaged since: its line says how to download it anew (not --overwrite: every split)
+    prepare_data.main(["prosqa", "--data-dir", str(tmp_path), "--base-url", serve(prosqa_files()).url])
+    (tmp_path / "prosqa_valid.json").write_bytes(bad)
+    err = error_of(prepare_data.main, ["prosqa", "--data-dir", str(tmp_path), "--base-url", server.url], capsys, code=1)
+    assert message in err and err.endswith(f": remove {tmp_path / 'prosqa_valid.json'}, and the same command "
+                                           "downloads it anew")
 
 
 def changed(a, i, value):
