@@ -86,8 +86,9 @@ def main(script, argv, cls, presets, train, read_data, description=None):
             # text: --overwrite would download it again, over a text of one's own)
             if re.search(r"\.bin\b", str(e)):
                 how = f"; if it is damaged, remove it and prepare it anew with {command}"
-        # data to download: the preset that needs none, unless it is the one running
-        return how + ("" if cfg.preset == "tiny" else " (the offline --preset=tiny needs no download)")
+        # data to download: the preset that needs none, unless it is the one running, or the data is a fine-tune's
+        return how + ("" if cfg.preset == "tiny" or cfg.data == "prosqa" else
+                      " (the offline --preset=tiny needs no download)")
 
     run = None
 

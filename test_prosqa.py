@@ -338,3 +338,7 @@ def test_prosqa_training_without_gpt2s_vocabulary_fails_before_it_begins(serve, 
     assert err == "train.py: error: tiktoken could not load the GPT-2 vocabulary (downloaded on first use): Failed " \
         f"to establish a new connection: [Errno {errno.ECONNREFUSED}] Connection refused"
     assert not out.exists()
+    # no data: the command that downloads it, and no word of the offline quick start (no ProsQA fine-tune there)
+    err = error_of(train.main, ["--preset=prosqa", f"--data-dir={tmp_path / 'none'}", f"--out-dir={out}",
+                                f"--init-from={arith_run}"], capsys, 1)
+    assert err.endswith(f": run `python prepare_data.py prosqa --data-dir {tmp_path / 'none'}`")
