@@ -821,6 +821,10 @@ def test_prune_command_saves_a_checkpoint_that_stays_pruned(answer_dir, answer_r
     # sample.py loads it (and `train.py --resume` keeps the zeros, as in the test above: the mask is in ckpt.pt)
     assert runs.load_checkpoint(new, "cpu")[1].routers[1].weight.count_nonzero() == keep.sum()
     assert len(sample.main(["--out-dir", str(new), "--num-samples", "1", "--max-new-tokens", "2"])) == 1
+    again = tmp_path / "pruned-again"  # pruned once more: both prunings, in order, its setting (tables.py)
+    analyze.main(["prune", "--out-dir", str(new), "--top-p", "0.5", "--save", str(again)])
+    assert json.loads((again / "config.json").read_text())["prunings"] == [dict(top_p=0.7, step=6),
+                                                                            dict(top_p=0.5, step=6)]
     before = snapshot(new)
     err = error_of(analyze.main, ["prune", "--out-dir", str(answer_run), "--save", str(new)], capsys)
     assert "already holds a run" in err and "--overwrite" in err and snapshot(new) == before

@@ -20,6 +20,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -1745,6 +1746,10 @@ def test_peak_memory_is_in_bytes(monkeypatch):
     assert abs(cli.peak_memory("cpu") / (peak_kib * 1024) - 1) < 0.05
     monkeypatch.setattr(cli.sys, "platform", "darwin")
     assert abs(cli.peak_memory("cpu") / peak_kib - 1) < 0.05
+    monkeypatch.setattr(cli.resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=1000))  # exactly, the unit
+    assert cli.peak_memory("cpu") == 1000
+    monkeypatch.setattr(cli.sys, "platform", "linux")
+    assert cli.peak_memory("cpu") == 1000 * 1024  # (KiB: not 1000 * 1000)
 
 
 @pytest.mark.parametrize("env, message", [
