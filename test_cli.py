@@ -1165,6 +1165,10 @@ DAMAGED = [
        "config.json is not of the run that its summary.json describes: its 'seed' is 7, the summary's 1337")
       for argv in (lambda d, r, t: ["curves", str(r), "--out", str(t / "c.png")], lambda d, r, t: ["table", str(r)])),
     # a summary.json copied in from another run (whole: its config its own): tabled, scored or started from as this one
+    ("analyze", then(json_edit("summary.json", lambda s: {**s, "preset": "arith", "config": {**s["config"],
+                                                                                "preset": "arith"}}),
+                     lambda d, r, t: ["table", str(r)]), 1,
+     "config.json is not of the run that its summary.json describes: its 'preset' is 'tiny', the summary's 'arith'"),
     *((script, then(json_edit("summary.json", lambda s: {**s, "seed": 7, "config": {**s["config"], "seed": 7}}), argv),
        1, ("config.json is not of the run that its summary.json describes: its 'seed' is 1337, the summary's 7",))
       for script, argv in (("analyze", lambda d, r, t: ["table", str(r)]),
@@ -1297,8 +1301,9 @@ DAMAGED = [
     ("analyze", then(lambda d, r, t: edit_checkpoint(r, lambda ckpt: ckpt["optimizer"]["state"][0]["exp_avg"].fill_(
         math.inf)), lambda d, r, t: ["prune", "--out-dir", str(r), "--device=cpu", "--save", str(t / "pruned")]), 1,
      "ckpt.pt is damaged: its optimiser state holds a value that is not finite, which --save would copy into"),
-    ("train", then(on_the_copy, hand_edit(prunings=[dict(top_p=0.9)]), resume), 1,
-     "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]"),
+    *(("train", then(on_the_copy, hand_edit(prunings=[pruning]), resume), 1,  # (top-p 0 would prune every weight)
+       "ckpt.pt: in its saved config, prunings: not [{'top_p': a fraction in (0, 1], 'step': a step}, ...]")
+      for pruning in (dict(top_p=0.9), dict(top_p=0.0, step=2))),
     ("train", then(on_the_copy, hand_edit(seed=7), resume), 1,  # another run's checkpoint, not mixed into this one
      ("--resume: ", "ckpt.pt is not of the run that ", "config.json describes: it has seed 7 (config.json: ")),
     ("sample", then(lambda d, r, t: edit_checkpoint(r, lambda c: c["model"]["transformer.h.0.mlp.c_fc.weight"].fill_(
@@ -1311,9 +1316,10 @@ DAMAGED = [
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={"nope": torch.ones(
         2, dtype=torch.bool)})), resume), 1,
      "ckpt.pt: its pruning mask ('router_mask') does not fit the model's router"),
-    ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(pruned_at=torch.ones(2))),
-                   resume), 1,
-     "ckpt.pt is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'"),
+    *(("train", then(on_the_copy, lambda d, r, t, at=at: edit_checkpoint(r, lambda c: c.update(pruned_at=at(c))),
+                     resume), 1,
+       "ckpt.pt is not a checkpoint of train.py: its 'pruned_at' is not a step up to its 'step'")
+      for at in (lambda c: torch.ones(2), lambda c: c["step"] + 1)),  # (a pruning after the checkpoint's step)
     ("train", then(on_the_copy, lambda d, r, t: edit_checkpoint(r, lambda c: c.update(router_mask={
         k: torch.ones(v.shape, dtype=torch.uint8) for k, v in c["model"].items() if k.endswith("router.weight")})),
                    resume), 1, "ckpt.pt: its pruning mask ('router_mask') does not fit"),  # (~1 is 254, not False)
