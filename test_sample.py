@@ -39,10 +39,20 @@ def test_sample_arithmetic_greedy_equals_generate(arith_run, capsys):
     assert ["warm-up" in l for l in lines] == [True, False, False, False] * 2  # the first speed of a call says so
 
 
-def test_a_huge_num_samples_draws_its_prompts_lazily():
-    """--num-samples past what a list holds: the prompts come one at a time (a list of them was an OverflowError)."""
+def test_a_huge_num_samples_draws_its_prompts_lazily(arith_run):
+    """--num-samples past what a list holds: the prompts come one at a time (a list of them was an OverflowError); past
+    the test expressions, each of them once (not "sample larger than population")."""
     drawn = sample.prompts(argparse.Namespace(start="3 + 4", temperature=1.0), None, 99999999999999999999)
     assert next(drawn) == "3 + 4"
+    codec = sample.Codec(runs.load_checkpoint(arith_run, "cpu")[0])
+    every = sample.prompts(argparse.Namespace(start=None, seed=1), codec, 10**6)
+    assert len(every) == len(set(every)) == sum(len(codec.splits[f"test_{k}"]) for k in codec.task.tiers) == 30
+
+
+def test_the_default_seed_is_the_one_help_gives(arith_run):
+    """No --seed: the expressions and samples of --seed 1337, as --help says (not another run's draw each time)."""
+    assert sample.main(["--out-dir", str(arith_run), "--num-samples", "2"]) == \
+        sample.main(["--out-dir", str(arith_run), "--num-samples", "2", "--seed", "1337"])
 
 
 def test_an_expression_is_read_with_or_without_spaces(arith_run):
