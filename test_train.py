@@ -959,7 +959,8 @@ def test_pruning_during_training_survives_resume(answer_dir, tmp_path, capsys):
     assert f"step 2: top-p 0.7 pruning zeroed {zeroed:,} of {total:,} router weights ({100 * zeroed / total:.1f}%); " \
         "they stay zero from here on" in out.splitlines()
     assert "were pruned: they stay zero" not in out  # (not before the pruning)
-    train.main(tiny_args(answer_dir, parts, *prune, "--resume"))
+    # resumed without --prune-at, which a new run with --router-top-p needs: the run's own is in its config
+    train.main(tiny_args(answer_dir, parts, *[f for f in prune if not f.startswith("--prune-at")], "--resume"))
     assert_same_run(parts, whole)
     ckpt = torch.load(parts / "ckpt.pt", weights_only=True)
     name = "transformer.h.1.attn.router.weight"
@@ -1120,6 +1121,10 @@ def test_a_dry_run_checks_the_data_where_it_is_there(answer_dir, tmp_path, capsy
         assert note == f"note: no arithmetic data in {tmp_path / 'none'}: the run needs it made first, by `python " \
             f"prepare_data.py arithmetic --data-dir {tmp_path / 'none'} --field int --count operands --tiers 4,5,6 " \
             "--target steps`\n"
+    # a length in steps is known without the data: --stop-at past it refused with none there, as the run refuses it
+    err = error_of(train.main, [*tiny_args(answer_dir, tmp_path / "run"), "--stop-at=13",
+                                f"--data-dir={tmp_path / 'none'}", "--dry-run"], capsys)
+    assert err == "train.py: error: --stop-at=13 is past the last step (max_steps=12)"
     train.main([*epochs, "--stop-at=13", "--dry-run"])
     printed = capsys.readouterr().out
     assert '"max_steps": 13' in printed and printed.endswith("the data and the checkpoints they name check out; "
