@@ -699,8 +699,13 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     nested = tmp_path / "nested"  # JSON nested deeper than Python decodes: not a run's either, and no traceback
     nested.mkdir()
     (nested / "config.json").write_text("[" * 100000)
-    for run in (old, tmp_path / "log-only", theirs, nested):  # a log alone is a run too: one cut short before its
-        if run.name == "log-only":  # first save
+    later = tmp_path / "later"  # a session that began at step 500, its checkpoint moved away: not a run never trained
+    later.mkdir()
+    shutil.copy(old / "config.json", later)
+    (later / "log.jsonl").write_text('{"step": 500, "session": {"device": "cpu", "dtype": "float32", "compile": '
+                                     'false, "world_size": 1}}\n')
+    for run in (old, tmp_path / "log-only", theirs, nested, later):  # a log alone is a run too: one cut short before
+        if run.name == "log-only":  # its first save
             run.mkdir()
             (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
         err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
