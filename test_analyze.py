@@ -465,6 +465,10 @@ def test_a_table_of_runs_that_ran_in_other_precisions_says_which():
         "cuda bfloat16, then cpu float32 from step 4 (lime seed 2)")
     assert tables.results_table([moved]).endswith("NOTE these runs did not all run alike: cuda bfloat16, then cpu "
                                                   "float32 from step 4 (lime seed 2)")  # one run, two precisions
+    cpu = run("lime", 2, (0, "cpu", "float32"))  # each run alike throughout, but not as the others
+    assert tables.results_table([*alike, cpu]).endswith(
+        "\n\nNOTE these runs did not all run alike: cuda bfloat16 (none seed 1, none seed 2, lime seed 1); "
+        "cpu float32 (lime seed 2)")
     late = run("lime", 2, (4, "cpu", "float32"))  # its first sessions not recorded (begun before, or its log moved)
     assert tables.results_table([*alike, late]).endswith("; not recorded, then cpu float32 from step 4 (lime seed 2)")
     pruned = {**late, "config": dict(out_dir="p", prunings=[dict(top_p=0.9, step=4)])}  # (analyze.py prune --save)
