@@ -641,6 +641,11 @@ def test_the_curves_picture_draws_what_is_printed(tmp_path, monkeypatch):
         for step, mu, sd, _ in points:  # the band at each step: from mean - sd to mean + sd
             ys = band[band[:, 0] == step, 1]
             assert (ys.min(), ys.max()) == pytest.approx((scale * (mu - sd), scale * (mu + sd)))
+    # runs in unrelated trees (their one common folder the root): the picture goes into the working folder, not /
+    monkeypatch.setattr(analyze.os.path, "commonpath", lambda paths: Path(dirs[0]).anchor)
+    monkeypatch.chdir(tmp_path)
+    analyze.main(["curves", *dirs])
+    assert drawn[-1][0] == tmp_path / "curves.png"
 
 
 def test_a_tier_missing_is_said_however_many_are_missing():
