@@ -80,7 +80,7 @@ def download(url, dest, verify=None, retries=5, timeout=30, overwrite=False):
                     raise requests.ConnectionError(f"the file is of {total:,} bytes now, its .part of {have:,}")
                 if r.status_code in TRANSIENT_STATUS:
                     raise requests.ConnectionError(f"HTTP {r.status_code}")
-                if r.status_code >= 400:
+                if r.status_code not in (200, 206):  # (a 4xx; a 204 or a redirect to nowhere: no file either)
                     raise DataError(f"{url}: HTTP {r.status_code}")
                 if r.headers.get("Content-Type", "").lower().startswith("text/html"):  # no file of ours is a web page
                     raise DataError(f"{url}: the server sent a web page (Content-Type: {r.headers['Content-Type']}), "
@@ -216,8 +216,9 @@ def prepare_shakespeare(data_dir, url=SHAKESPEARE_URL, enc=None, val_fraction=0.
     def check(part):
         size = part.stat().st_size
         if url == SHAKESPEARE_URL and size != SHAKESPEARE_BYTES:
-            raise DataError(f"{text_path}: {size:,} bytes, not the {SHAKESPEARE_BYTES:,} of Tiny Shakespeare (a "
-                            "download cut short?): run the same command again")
+            raise DataError(f"{text_path}: {size:,} bytes, not the {SHAKESPEARE_BYTES:,} of Tiny Shakespeare " +
+                            ("(a download cut short?): run the same command again" if size < SHAKESPEARE_BYTES else
+                             "(another file at its URL?)"))
         split_text(part, val_fraction)
 
     download(url, text_path, verify=check, overwrite=overwrite)

@@ -338,6 +338,31 @@ def test_retries_wait_twice_as_long_each_time(tmp_path, monkeypatch):
     assert waits == [1, 2, 4, 8, 16]
 
 
+@pytest.mark.parametrize("status", [204, 301])
+def test_an_answer_that_is_no_file_is_one_line_and_nothing_kept(tmp_path, monkeypatch, status):
+    """No content (204), or a redirect that names no place to go (301 without Location, which requests stops at): no
+    file, said so, where its empty body was saved as the file (and then refused as cut short, or kept)."""
+    class Response:
+        status_code, headers = status, {}
+
+        def __init__(self, url, headers, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield b""
+
+    monkeypatch.setattr(prepare_data.requests, "get", Response)
+    with pytest.raises(DataError, match=f"^http://example.invalid/x.bin: HTTP {status}$"):
+        prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin")
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_server_not_reached_is_a_short_line_per_retry(tmp_path, capsys, monkeypatch):
     """A server that cannot be reached (a port nothing listens on; offline, a host that does not resolve): a line per
     retry and the error name the cause without requests' wrappers, some 300 characters of them; no folder made, and no
@@ -558,6 +583,11 @@ def test_tiny_shakespeare_cut_short_is_not_kept(serve, tmp_path, capsys, monkeyp
         "of Tiny Shakespeare (a download cut short?): run the same command again"
     assert not folder.exists()
     prepare_data.main(["shakespeare", "--data-dir", str(folder)])  # whole, this time
+    assert (folder / "input.txt").read_bytes() == text
+    monkeypatch.setattr(prepare_data, "SHAKESPEARE_BYTES", len(text) - 1)  # longer than Tiny Shakespeare: not cut
+    err = error_of(prepare_data.main, ["shakespeare", "--data-dir", str(folder), "--overwrite"], capsys, code=1)
+    assert err.endswith(f"{len(text):,} bytes, not the {len(text) - 1:,} of Tiny Shakespeare (another file at its "
+                        "URL?)")
     assert (folder / "input.txt").read_bytes() == text
 
 
