@@ -205,21 +205,33 @@ def test_fineweb_overwrite_downloads_the_shards_again(serve, tmp_path):
     assert {name: (tmp_path / name).read_bytes() for name in newer} == newer
 
 
+class Answer:
+    """What requests.get returns, as download() reads it: a context manager with a status, its headers and a body of
+    one block. A test's Response(Answer) sets what it answers."""
+    status_code, headers, body = 200, {}, b""
+
+    def __init__(self, url, headers, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def iter_content(self, size):
+        yield self.body
+
+
 def test_a_part_that_holds_the_whole_file_is_checked_and_renamed(tmp_path, monkeypatch):
     """A .part of every byte (cut short after the last came, before it took its name): the server answers its resume,
     a range past the end, with 416; the .part is the file, checked and renamed, not 'HTTP 416' at every try."""
     data, asked, checked = bytes(range(200)), [], []
 
-    class Response:
+    class Response(Answer):
         def __init__(self, url, headers, **kwargs):
             asked.append(headers.get("Range"))
             self.status_code, self.headers = 416, {"Content-Range": f"bytes */{len(data)}"}
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
 
     url = "http://example.invalid/x.bin"
     (tmp_path / "x.bin.part").write_bytes(data)
@@ -239,22 +251,15 @@ def test_a_resume_answered_for_another_range_or_length_starts_over(tmp_path, mon
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     data, url, asked, whole = bytes(range(200)), "http://example.invalid/x.bin", [], [200]
 
-    class Response:
+    class Response(Answer):
+        body = data
+
         def __init__(self, url, headers, **kwargs):
             asked.append(headers.get("Range"))
             self.status_code, self.headers = whole[0], {"Content-Length": str(len(data))}
             if "Range" in headers:  # (the whole file, or none of it)
                 self.status_code = answer
                 self.headers["Content-Range"] = "bytes 0-199/200" if answer == 206 else "bytes */200"
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def iter_content(self, size):
-            yield data
 
     (tmp_path / "x.bin.part").write_bytes(part)
     (tmp_path / "x.bin.part.url").write_text(f"{url}\n")
@@ -302,22 +307,13 @@ def test_a_body_shorter_than_announced_is_resumed_not_kept(tmp_path, monkeypatch
     monkeypatch.setattr(prepare_data.time, "sleep", lambda s: None)
     data, asked = bytes(range(200)), []
 
-    class Response:  # each answer announces the rest and ends halfway through it, but the third, which sends it all
+    class Response(Answer):  # each answer announces the rest and ends halfway through it, but the third, all of it
         def __init__(self, url, headers, **kwargs):
             asked.append(headers.get("Range"))
             start = int(headers["Range"][6:-1]) if "Range" in headers else 0
             rest = data[start:]
             self.status_code, self.body = (206 if start else 200), rest if len(asked) == 3 else rest[:len(rest) // 2]
             self.headers = {"Content-Length": str(len(rest))}
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def iter_content(self, size):
-            yield self.body
 
     monkeypatch.setattr(prepare_data.requests, "get", Response)
     with pytest.raises(DataError, match=r"\(gave up after 1 retries; run again to resume\)$"):  # (its .part kept)
@@ -342,20 +338,8 @@ def test_retries_wait_twice_as_long_each_time(tmp_path, monkeypatch):
 def test_an_answer_that_is_no_file_is_one_line_and_nothing_kept(tmp_path, monkeypatch, status):
     """No content (204), or a redirect that names no place to go (301 without Location, which requests stops at): no
     file, said so, where its empty body was saved as the file (and then refused as cut short, or kept)."""
-    class Response:
-        status_code, headers = status, {}
-
-        def __init__(self, url, headers, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def iter_content(self, size):
-            yield b""
+    class Response(Answer):
+        status_code = status
 
     monkeypatch.setattr(prepare_data.requests, "get", Response)
     with pytest.raises(DataError, match=f"^http://example.invalid/x.bin: HTTP {status}$"):
@@ -668,20 +652,11 @@ def test_an_answer_no_retry_mends_is_one_line_and_asked_for_as_stored(tmp_path, 
         assert str(e.value).startswith("http://example.invalid/x.bin: ") and type(error).__name__ in str(e.value)
     asked = []
 
-    class Response:
-        status_code, headers = 200, {"Content-Length": "1, 1"}
+    class Response(Answer):
+        headers, body = {"Content-Length": "1, 1"}, b"abc"
 
         def __init__(self, url, headers, **kwargs):
             asked.append(headers)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def iter_content(self, size):
-            yield b"abc"
 
     monkeypatch.setattr(prepare_data.requests, "get", Response)
     assert prepare_data.download("http://example.invalid/x.bin", tmp_path / "x.bin") is True
