@@ -447,6 +447,20 @@ def test_a_table_of_routers_trained_differently_says_how(tmp_path):
     assert "NOTE" not in tables.results_table([new, old])  # the old one has no lr to compare
 
 
+def test_a_row_is_named_by_up_to_three_of_the_fields_that_set_it_apart():
+    """Three fields apart: each named; a fourth: counted, not named (a row's name stays a line)."""
+    def run(**config):
+        return dict(router="lime", preset="tiny", seed=1, steps=9, val_ppl=2.0,
+                    config=dict(out_dir="r", router="lime", preset="tiny", seed=1, max_steps=9, **config))
+
+    three = [run(lr=1e-3, n_layer=4, warmup_steps=10), run(lr=2e-3, n_layer=8, warmup_steps=20)]
+    assert tables.results_table(three).splitlines()[2:] == ["| lime (lr 0.001, n_layer 4, warmup_steps 10) | 2.0000 |",
+                                                             "| lime (lr 0.002, n_layer 8, warmup_steps 20) | 2.0000 |"]
+    four = [{**r, "config": {**r["config"], "min_lr": m}} for r, m in zip(three, (0.1, 0.2))]
+    assert tables.results_table(four).splitlines()[2] == "| lime (lr 0.001, n_layer 4, warmup_steps 10, +1 more) | " \
+        "2.0000 |"
+
+
 def test_a_table_of_runs_that_ran_in_other_precisions_says_which():
     """A run resumed on a CPU after a GPU ran its last steps in float32 where its rivals ran bf16 throughout: a NOTE
     under the table says which run ran how (from the summaries' sessions); none where they all ran alike."""
