@@ -537,3 +537,13 @@ def test_bench_bad_input_is_one_line(flags, message, capsys, tmp_path):
         bench.main(["--device", "cpu", *flags])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("bench.py: error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script measures: minutes")
+def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(tmp_path):
+    out = tmp_path / "out"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # (its python3: this one, with torch)
+    done = subprocess.run(["bash", str(Path(bench.__file__).parent / ".ci" / "gpu"), "5"], capture_output=True,
+                          text=True, env={**os.environ, "OUT": str(out), "PATH": path}, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "no CUDA GPU here: this script measures on one\n")
+    assert not out.exists()
