@@ -15,6 +15,7 @@ metrics() for what else it scores (a task's accuracy), and val_sequences() for a
 
 import math
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -116,14 +117,35 @@ def check_shards(cfg, shards):
                         "run's shards back, or train a new run on these")
 
 
-def gpt2_encoding():
-    import tiktoken
+SWAP = threading.Lock()  # gpt2_encoding's, around its swap of tiktoken's fetch
 
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # tiktoken fetches the vocabulary on first use
-        raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {failure(e)}") \
-            from None
+
+def gpt2_encoding(timeout=30):
+    """tiktoken's GPT-2 encoding, its vocabulary fetched on first use with a `timeout` (seconds without a byte)."""
+    import requests
+    import tiktoken
+    import tiktoken.load
+
+    def fetch(path):
+        if not path.startswith(("http://", "https://")):
+            return read_file(path)
+        with requests.get(path, timeout=timeout) as r:
+            r.raise_for_status()
+            return r.content
+
+    # NOTE tiktoken fetches with requests.get(url), no timeout: a network that stalls would hang every script here
+    # until Ctrl-C. So its fetch is swapped for one with a timeout while the encoding loads (its cache, its checks
+    # of the files' hashes stay tiktoken's), one thread at a time (else one could put back the other's swap for good)
+    with SWAP:
+        read_file = tiktoken.load.read_file
+        tiktoken.load.read_file = fetch
+        try:
+            return tiktoken.get_encoding("gpt2")
+        except Exception as e:
+            raise DataError(f"tiktoken could not load the GPT-2 vocabulary (downloaded on first use): {failure(e)}") \
+                from None
+        finally:
+            tiktoken.load.read_file = read_file
 
 
 def decode_tokens(enc, ids):

@@ -7,19 +7,21 @@ import os
 import random
 import re
 import socket
+import threading
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import requests
+import tiktoken.load
 import torch
 from urllib3.exceptions import ProtocolError
 
 import prepare_data
 from cli import DataError, failure, hold_folder
 from conftest import error_of, small_encoding, small_model
-from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, greedy_accuracy, load_tokens,
-                  write_shard)
+from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, gpt2_encoding, greedy_accuracy,
+                  load_tokens, write_shard)
 from generation import generate
 
 
@@ -693,3 +695,34 @@ def test_two_data_sets_in_one_folder_are_refused_not_mixed(serve, tmp_path, caps
     write_shard(folder / "shakespeare_train_000000.bin", [4, 5] * 500)  # (put there by hand)
     with pytest.raises(DataError, match=r"mix holds the token shards of 2 data sets \(finewebedu_\*, shakespeare_\*\)"):
         load_tokens(folder, "val")
+
+
+def test_a_vocabulary_fetch_that_stalls_is_one_line_not_a_hang(tmp_path, monkeypatch):
+    """tiktoken's own fetch waits forever for a server that answers nothing; gpt2_encoding's gives up after its
+    timeout, and leaves tiktoken's fetch as it found it, two threads loading at once too."""
+    read_file, local = tiktoken.load.read_file, tmp_path / "encoder.json"
+    local.write_bytes(b"{}")
+    with socket.socket() as silent:  # it listens, so a connection is made, and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/vocab.bpe"
+        monkeypatch.setattr(tiktoken, "get_encoding",  # (a local path, read as before, then the URL)
+                            lambda name: [tiktoken.load.read_file(p) for p in (str(local), url)])
+        errors = []
+
+        def load():
+            try:
+                gpt2_encoding(timeout=0.2)
+            except Exception as e:
+                errors.append(e)
+
+        # two at once, in threads: without a timeout the test fails, where it would hang
+        loads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+        for t in loads:
+            t.start()
+        for t in loads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in loads), "no timeout: the fetch waits for the silent server"
+    assert len(errors) == 2 and all(isinstance(e, DataError) and str(e).startswith(
+        "tiktoken could not load the GPT-2 vocabulary (downloaded on first use): ") for e in errors)
+    assert all("Read timed out" in str(e) for e in errors) and tiktoken.load.read_file is read_file
