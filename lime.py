@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 import kernels
 from cli import POSITIVE, SIZE, check_fields, option
-from methods import Method, check_registered, check_router, parse_router, require_initialised, router_forms
+from methods import (Method, check_registered, check_residual, check_router, parse_router, require_initialised,
+                     router_forms)
 
 # NOTE a checkpoint's block_size is held by no weight (RoPE is computed), so nothing else bounds it: a hand-edited
 # 2**31 - 1 would have allocated its tables (tens of GB) before any check. A million is far past what one trains here
@@ -70,8 +71,7 @@ class GPTConfig:
 
     @classmethod
     def of(cls, config):
-        """The model's fields of a larger config: train.py's, or a checkpoint's dict. Fields added
-        since that checkpoint was saved take their defaults."""
+        """The model's fields of a larger config (train.py's, a checkpoint's dict); fields added since, defaults."""
         values = config if isinstance(config, dict) else vars(config)
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
@@ -176,8 +176,7 @@ class LIMe(Router):
 
 
 def make_router(config, layer):
-    """The router of `layer`: None for `none` and a Residual (nothing to route); else the --router method's, `Own` at
-    layer 0."""
+    """The router of `layer`: None for `none` and a Residual (nothing to route); else --router's, `Own` at layer 0."""
     cls, J = parse_router(config.router)
     if cls is Own or not issubclass(cls, Router):
         return None
@@ -364,6 +363,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
         method, J = parse_router(config.router)
         self.residual = method(config, J) if issubclass(method, Residual) else Residual()
+        check_residual(self.residual, config)  # NOTE else a stream of the wrong shape fails deep in the forward
         # every layer's router, or none at all; a plain list (the modules are registered in their blocks)
         self.routers = [block.attn.router for block in self.transformer.h if block.attn.router is not None]
         self.readers = Routing.readers_of(self.routers)  # once: the routers do not change

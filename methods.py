@@ -13,6 +13,7 @@ that writes its method in a new file adds the file's module name there.
 
 import difflib
 import importlib
+import inspect
 import re
 from contextlib import contextmanager
 
@@ -87,10 +88,16 @@ class Method(nn.Module):
         tiny = GPTConfig(block_size=1, vocab_size=1, n_layer=3, n_head=2, n_kv_head=2, n_embd=4, mlp_hidden=1,
                          router="none")
         J = (cls.J or 2) if (cls.name or "").endswith("-J") else None
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            inspect.signature(cls).bind(tiny, 2, J)
+        except TypeError as e:  # (else the error below would ask for a probe(), where the signature is what is wrong)
+            raise TypeError(f"{where}.__init__ cannot take (config, layer, J), which every router is built with "
+                            f"({e})") from None
         try:
             return cls(tiny, 2, J)
         except Exception as e:  # (chained: the traceback still shows where it refused)
-            raise TypeError(f"{cls.__module__}.{cls.__qualname__} cannot be built at layer 2 with 2 kv heads and J={J} "
+            raise TypeError(f"{where} cannot be built at layer 2 with 2 kv heads and J={J} "
                             f"({type(e).__name__}: {e}): give it a probe(), a classmethod that returns an instance to "
                             f"read its capabilities from (methods.Method.probe)") from e
 
@@ -137,13 +144,43 @@ def check_router(router, n_embd, J=None):
         raise ValueError(f"{cls}.source_layers({layer}, {J}) gave {sources}: it must list distinct layers of "
                          f"0..{layer}, ascending, the layer itself last")
     n = len(sources)
-    shapes = {"weights()": (router.weights(), [(n_kv, n, n_kv), (n_kv, n)])}
+    try:
+        w = router.weights()
+    except AttributeError as e:  # (lime.Router's weights() returns self.weight)
+        raise ValueError(f"{cls}.weights() failed ({e}): a router sets self.weight (a Parameter, or a buffer) in its "
+                         "__init__, or defines weights()") from e
+    shapes = {"weights()": (w, [(n_kv, n, n_kv), (n_kv, n)])}
     if router.per_token:  # and for an input x (B, T, C): of 2 x 3 tokens, so that one per sequence does not fit
         shapes["weights(x)"] = (router.weights(torch.zeros(2, 3, n_embd)), [(2, 3, n_kv, n)])
     for call, (w, fits) in shapes.items():
         if tuple(w.shape) not in fits:
             raise ValueError(f"{cls}.{call} is {tuple(w.shape)} at layer {layer}: for {n} source layer(s) and {n_kv} "
                              f"kv heads, it must be {' or '.join(map(str, fits))}")
+
+
+def check_residual(residual, config):
+    """What lime.Residual asks of a method of the stream, checked as the model is built (a forward of 2 x 3 zeros
+    through the stream alone, in eval mode, without grad), else a ValueError naming the class: each sub-layer's f
+    reads (B, T, n_embd) of add(i, h, f), and end(h) gives the final norm the same. The stream between them is the
+    method's own (Hyper-Connections' holds n streams)."""
+    want = (2, 3, config.n_embd)  # (2 x 3 tokens: neither side 1, which broadcasting could hide)
+
+    def given(what, x):
+        if tuple(x.shape) != want:
+            raise ValueError(f"{type(residual).__qualname__}.{what} {tuple(x.shape)} for a batch of 2 x 3 tokens: "
+                             f"it must be {want}, (B, T, n_embd)")
+        return torch.zeros_like(x)  # (what a sub-layer gives back)
+
+    training = residual.training
+    residual.eval()  # (as in an evaluation: a method that counts its training steps does not count this)
+    try:
+        with torch.no_grad():
+            h = residual.start(torch.zeros(want))
+            for i in range(2 * config.n_layer):
+                h = residual.add(i, h, lambda x: given(f"add({i}, h, f) gives f", x))
+            given("end(h) is", residual.end(h))
+    finally:
+        residual.train(training)
 
 
 def check_registered(methods, model):

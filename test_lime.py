@@ -1232,6 +1232,55 @@ def test_what_a_router_can_do_is_read_from_a_shape_it_takes(scratch_registry):
     assert ablations.Last.probe().sources == [1, 2] and lime.LIMe.probe().sources == [0, 1, 2]
 
 
+def test_a_forks_usual_slips_are_errors_that_name_its_class(scratch_registry):
+    """What a fork gets wrong first, each an error naming its class and what to do, not a traceback from deep inside:
+    an __init__ without J (for the probe, it asked for a probe() before), a router that never sets self.weight (an
+    AttributeError, "did you mean 'weights'"), and a stream whose sub-layers or final norm would read another shape
+    than (B, T, n_embd) (a ValueError of unpacking in Attention, or a batch size mismatch in the loss)."""
+
+    class NoJ(lime.LIMe):
+        name = "test-no-j"
+
+        def __init__(self, config, layer):
+            super().__init__(config, layer)
+
+    with pytest.raises(TypeError, match=re.escape("NoJ.__init__ cannot take (config, layer, J), which every router is "
+                                                  "built with (too many positional arguments)")):
+        methods.router_forms(pruning.prunable)
+    del methods.ROUTERS["test-no-j"]
+
+    type("Unset", (lime.Router,), {"name": "test-unset"})
+    with pytest.raises(ValueError, match=re.escape("Unset.weights() failed ('Unset' object has no attribute 'weight'): "
+                                                   "a router sets self.weight (a Parameter, or a buffer) in its "
+                                                   "__init__, or defines weights()")):
+        small_model("test-unset")
+
+    class Tall(lime.Residual):  # a sub-layer's output joins the stream as a new last dimension
+        name = "test-tall"
+
+        def add(self, i, h, f):
+            return (h + f(h))[..., None]
+
+    class Streams(lime.Residual):  # two streams, each sub-layer reads their sum: and no end() to sum them at the end
+        name = "test-streams"
+
+        def start(self, x):
+            return torch.stack([x, x])
+
+        def add(self, i, h, f):
+            return h + f(h.sum(0))
+
+    with pytest.raises(ValueError, match=re.escape("Tall.add(1, h, f) gives f (2, 3, 32, 1) for a batch of 2 x 3 "
+                                                   "tokens: it must be (2, 3, 32), (B, T, n_embd)")):
+        small_model("test-tall")
+    with pytest.raises(ValueError, match=re.escape("Streams.end(h) is (2, 2, 3, 32) for a batch of 2 x 3 tokens: it "
+                                                   "must be (2, 3, 32), (B, T, n_embd)")):
+        small_model("test-streams")
+    Streams.end = lambda self, h: h.sum(0)
+    idx = tokens()
+    assert small_model("test-streams")(idx, idx)[0].shape == (*idx.shape, 64)
+
+
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
     """source_layers() that lists a layer twice (layer 0, then the last J, at layer 1) is listed as a router (the
     probe, at layer 2, reads its flags alone); the model it cannot build is an error that names the router and what
