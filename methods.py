@@ -28,7 +28,7 @@ MODULES = ("lime", "ablations", "baselines")  # where the methods are defined
 
 def registry():
     """A copy of ROUTERS once every module of MODULES is imported. Ordered by module as in MODULES, then
-    methods defined elsewhere (a test's); within a module, as it defines them. So the order does not depend
+    methods defined in a test (or __main__); within a module, as it defines them. So the order does not depend
     on which module was imported first (baselines.py imports lime.py, but not ablations.py)."""
     for module in MODULES:
         try:
@@ -39,6 +39,13 @@ def registry():
             raise ModuleNotFoundError(f"methods.MODULES names {module!r}, but Python finds no module of that name "
                                       f"(a {module.replace('.', '/')}.py beside methods.py)", name=module) from None
     rank = {module: i for i, module in enumerate(MODULES)}
+    for cls in ROUTERS.values():  # NOTE a fork's module that its test imports: else its method would be a --router
+        # value in that test alone, and in the tests of every method or not, by the order pytest imports them
+        module = cls.__module__
+        if module not in rank and module not in ("__main__", "conftest") and \
+                not module.rsplit(".", 1)[-1].startswith("test"):
+            raise TypeError(f"{module}.{cls.__qualname__} is a method, but methods.MODULES lacks {module!r}: add it "
+                            f"there, or no script knows --router={cls.name.removesuffix('-J')}")
     return dict(sorted(ROUTERS.items(), key=lambda item: rank.get(item[1].__module__, len(MODULES))))  # (stable)
 
 

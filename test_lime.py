@@ -715,6 +715,18 @@ def test_a_module_of_methods_that_is_not_there_is_named(monkeypatch):
         methods.registry()
 
 
+def test_a_method_whose_module_is_not_in_modules_is_named(scratch_registry):
+    """A fork's module imported by its own test, and missing from methods.MODULES: an error that says so, not a method
+    that its test knows and no script does (the tests of every method would take it or not, by their order)."""
+    type("Stray", (lime.LIMe,), {"name": "test-stray-J", "__module__": "my_fork"})
+    with pytest.raises(TypeError, match=re.escape("my_fork.Stray is a method, but methods.MODULES lacks 'my_fork': "
+                                                  "add it there, or no script knows --router=test-stray")):
+        methods.registry()
+    for module in ("test_my_fork", "tests.test_mine", "__main__"):  # (a test's method, or a session's own)
+        methods.ROUTERS["test-stray-J"].__module__ = module
+        assert "test-stray-J" in methods.registry()
+
+
 def test_the_registry_is_in_the_order_of_its_modules():
     """lime.py's methods, then ablations.py's, then baselines.py's, however the modules were imported: a process
     that imports baselines.py first (which imports lime.py, not ablations.py) registers the baselines before the
