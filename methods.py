@@ -11,6 +11,7 @@ methods. Read the methods through registry(), which first imports every module o
 that writes its method in a new file adds the file's module name there.
 """
 
+import copy
 import difflib
 import importlib
 import inspect
@@ -41,9 +42,10 @@ def registry():
     rank = {module: i for i, module in enumerate(MODULES)}
     for cls in ROUTERS.values():  # NOTE a fork's module that its test imports: else its method would be a --router
         # value in that test alone, and in the tests of every method or not, by the order pytest imports them
-        module = cls.__module__
-        if module not in rank and module not in ("__main__", "conftest") and \
-                not module.rsplit(".", 1)[-1].startswith("test"):
+        module, last = cls.__module__, cls.__module__.rsplit(".", 1)[-1]
+        # (a test's module, as pytest finds them, or a session's own: a spawned process sees its __main__ so)
+        if module not in rank and module not in ("__main__", "__mp_main__") and last != "conftest" and \
+                not last.startswith("test_") and not last.endswith("_test"):
             raise TypeError(f"{module}.{cls.__qualname__} is a method, but methods.MODULES lacks {module!r}: add it "
                             f"there, or no script knows --router={cls.name.removesuffix('-J')}")
     return dict(sorted(ROUTERS.items(), key=lambda item: rank.get(item[1].__module__, len(MODULES))))  # (stable)
@@ -167,27 +169,23 @@ def check_router(router, n_embd, J=None):
 
 def check_residual(residual, config):
     """What lime.Residual asks of a method of the stream, checked as the model is built (a forward of 2 x 3 zeros
-    through the stream alone, in eval mode, without grad), else a ValueError naming the class: each sub-layer's f
-    reads (B, T, n_embd) of add(i, h, f), and end(h) gives the final norm the same. The stream between them is the
-    method's own (Hyper-Connections' holds n streams)."""
-    want = (2, 3, config.n_embd)  # (2 x 3 tokens: neither side 1, which broadcasting could hide)
+    through a copy of the stream alone, in eval mode, without grad), else a ValueError naming the class: each
+    sub-layer's f reads (B, T, n_embd) of add(i, h, f), and end(h) gives the final norm the same. The stream between
+    them is the method's own (Hyper-Connections' holds n streams)."""
+    want = (2, min(3, config.block_size), config.n_embd)  # (not 1 where it can be: broadcasting would hide a slip)
 
     def given(what, x):
         if tuple(x.shape) != want:
-            raise ValueError(f"{type(residual).__qualname__}.{what} {tuple(x.shape)} for a batch of 2 x 3 tokens: "
-                             f"it must be {want}, (B, T, n_embd)")
+            raise ValueError(f"{type(residual).__qualname__}.{what} {tuple(x.shape)} for a batch of 2 x {want[1]} "
+                             f"tokens: it must be {want}, (B, T, n_embd)")
         return torch.zeros_like(x)  # (what a sub-layer gives back)
 
-    training = residual.training
-    residual.eval()  # (as in an evaluation: a method that counts its training steps does not count this)
-    try:
-        with torch.no_grad():
-            h = residual.start(torch.zeros(want))
-            for i in range(2 * config.n_layer):
-                h = residual.add(i, h, lambda x: given(f"add({i}, h, f) gives f", x))
-            given("end(h) is", residual.end(h))
-    finally:
-        residual.train(training)
+    stream = copy.deepcopy(residual).eval()  # (the model's own keeps its modes, and what a method counts or holds)
+    with torch.no_grad():
+        h = stream.start(torch.zeros(want))
+        for i in range(2 * config.n_layer):
+            h = stream.add(i, h, lambda x: given(f"add({i}, h, f) gives f", x))
+        given("end(h) is", stream.end(h))
 
 
 def check_registered(methods, model):

@@ -722,9 +722,13 @@ def test_a_method_whose_module_is_not_in_modules_is_named(scratch_registry):
     with pytest.raises(TypeError, match=re.escape("my_fork.Stray is a method, but methods.MODULES lacks 'my_fork': "
                                                   "add it there, or no script knows --router=test-stray")):
         methods.registry()
-    for module in ("test_my_fork", "tests.test_mine", "__main__"):  # (a test's method, or a session's own)
+    for module in ("test_my_fork", "tests.test_mine", "mine_test", "conftest", "tests.conftest", "__main__",
+                   "__mp_main__"):  # (a test's method, or a session's own: __mp_main__ in a spawned process)
         methods.ROUTERS["test-stray-J"].__module__ = module
         assert "test-stray-J" in methods.registry()
+    methods.ROUTERS["test-stray-J"].__module__ = "testbed"  # (a fork's module, whose name begins as a test's)
+    with pytest.raises(TypeError, match="methods.MODULES lacks 'testbed'"):
+        methods.registry()
 
 
 def test_the_registry_is_in_the_order_of_its_modules():
@@ -1291,6 +1295,30 @@ def test_a_forks_usual_slips_are_errors_that_name_its_class(scratch_registry):
     Streams.end = lambda self, h: h.sum(0)
     idx = tokens()
     assert small_model("test-streams")(idx, idx)[0].shape == (*idx.shape, 64)
+
+
+def test_the_check_of_a_stream_leaves_its_method_as_built(scratch_registry):
+    """The build's forward through the stream alone (methods.check_residual) runs on a copy: what the method counts,
+    holds or keeps in eval mode is as its __init__ left it; and its tokens are no more than the block's."""
+
+    class Keeper(lime.Residual):
+        name = "test-keeper"
+
+        def __init__(self, config=None, J=None):
+            super().__init__()
+            self.block_size, self.seen = config.block_size, []
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+            self.frozen = torch.nn.Dropout(0.5).eval()
+
+        def start(self, x):
+            assert x.shape[1] <= self.block_size, "a table of positions would end there"
+            self.calls += 1
+            self.seen.append(x)
+            return x
+
+    for block_size in (16, 2):
+        residual = small_model("test-keeper", block_size=block_size).residual
+        assert (residual.calls, residual.seen, residual.training, residual.frozen.training) == (0, [], True, False)
 
 
 def test_a_router_whose_sources_break_the_rule_is_named_by_a_dry_run(scratch_registry, answer_dir, tmp_path):
