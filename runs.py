@@ -754,29 +754,42 @@ def refuse_changed(out_dir, seen, meanwhile):
 
 def run_files(out_dir):
     """The files in out_dir that make it hold a run (empty if none). One of their names that is not a file (a
-    folder) is a DataError: --overwrite could not delete it, and would stop halfway through the others."""
+    folder) is a DataError: --overwrite could not delete it, and would stop halfway through the others. So is a
+    config.json that is no run's without a checkpoint beside it (a file of the user's by that name), which
+    --overwrite would delete. (Beside a checkpoint, it is its run's, damaged: --resume writes it anew.)"""
     found = [Path(out_dir) / name for name in RUN_FILES if (Path(out_dir) / name).exists()]
     for path in found:
         check_a_file(path, " but a run's files go by that name: move it away")
+    config, ckpt = Path(out_dir) / "config.json", Path(out_dir) / "ckpt.pt"
+    if config in found and ckpt not in found and not a_run_config(config):
+        raise DataError(f"{config} is not the config.json of a run (no router, max_steps and out_dir in it), which "
+                        "--overwrite would delete: move it away, or give another folder")
     return [path.name for path in found]
+
+
+def a_run_config(path):
+    """Whether the file `path` is a JSON object with what every run's config.json holds."""
+    try:
+        return {"router", "max_steps", "out_dir"} <= json.loads(Path(path).read_bytes()).keys()
+    except (ValueError, AttributeError, RecursionError, OSError):  # (not JSON, not UTF-8, JSON but no object, nested
+        # past what Python decodes, unreadable)
+        return False
 
 
 def never_trained(out_dir, found):
     """Whether the run in out_dir (its run_files `found`) stopped before it logged a step: its config.json and a
     log.jsonl of no row but its session's (Run.session, and a --prune-at 0's) alone, as a run out of memory in its
     first step leaves, or one stopped as it began (a signal before its loop). Nothing there to keep: the same command
-    runs again, without --overwrite. A config.json that is not a run's (a file of the user's by that name) is
-    something to keep."""
-    log, config = Path(out_dir) / "log.jsonl", Path(out_dir) / "config.json"
+    runs again, without --overwrite. (A config.json that is not a run's, a file of the user's by that name, is
+    something to keep: run_files refuses it.)"""
+    log = Path(out_dir) / "log.jsonl"
     if not set(found) <= {"config.json", "log.jsonl"} or log.exists() and log.stat().st_size > 4096:  # (a row or two)
         return False
     try:  # (a run's first session begins at step 0; its log is empty if it stopped before that row)
         rows = [json.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
         return all(isinstance(row, dict) and row.get("step") == 0 and
-                   row.keys() <= {"step", "session", "router_pruned", "router_weights"} for row in rows) and \
-            (not config.exists() or {"router", "max_steps", "out_dir"} <= json.loads(config.read_bytes()).keys())
-    except (ValueError, AttributeError, RecursionError):  # (not JSON, not UTF-8, JSON but no object, nested past
-        # what Python decodes)
+                   row.keys() <= {"step", "session", "router_pruned", "router_weights"} for row in rows)
+    except (ValueError, RecursionError):  # (not JSON, not UTF-8, nested past what Python decodes)
         return False
 
 

@@ -693,7 +693,7 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     for name in ("routes.png", "entropy.png", "probe.png", "prune.png", "prune.json"):  # what analyze.py writes there
         (old / name).write_bytes(b"a picture of the old run")
     before = snapshot(old)
-    theirs = tmp_path / "theirs"  # a config.json that is no run's (but for an empty log, a run that never trained)
+    theirs = tmp_path / "theirs"  # a config.json that is no run's
     theirs.mkdir()
     (theirs / "config.json").write_text('{"my": "settings"}\n')
     nested = tmp_path / "nested"  # JSON nested deeper than Python decodes: not a run's either, and no traceback
@@ -704,13 +704,18 @@ def test_a_new_run_never_replaces_an_old_one(arith_dir, arith_run, tmp_path, cap
     shutil.copy(old / "config.json", later)
     (later / "log.jsonl").write_text('{"step": 500, "session": {"device": "cpu", "dtype": "float32", "compile": '
                                      'false, "world_size": 1}}\n')
-    for run in (old, tmp_path / "log-only", theirs, nested, later):  # a log alone is a run too: one cut short before
-        if run.name == "log-only":  # its first save
+    for run in (old, tmp_path / "log-only", later):  # a log alone is a run too: one cut short before its first save
+        if run.name == "log-only":
             run.mkdir()
             (run / "log.jsonl").write_text('{"step": 1, "loss": 6.9}\n')
         err = error_of(train.main, tiny_args(arith_dir, run, "--max-steps=6"), capsys)
         assert err.startswith(f"train.py: error: {run} already holds a run (")
         assert ("--resume" in err) == (run == old) and "--overwrite" in err  # no advice to resume without a ckpt
+    for mine, extra in [(theirs, []), (nested, []), (theirs, ["--overwrite"])]:  # a file of the user's: not deleted,
+        # not even by --overwrite, which says it deletes a run
+        err = error_of(train.main, tiny_args(arith_dir, mine, "--max-steps=6", *extra), capsys, 1)
+        assert err == f"train.py: error: {mine / 'config.json'} is not the config.json of a run (no router, " \
+            "max_steps and out_dir in it), which --overwrite would delete: move it away, or give another folder"
     assert snapshot(old) == before and (theirs / "config.json").read_text() == '{"my": "settings"}\n'
     assert list(theirs.iterdir()) == [theirs / "config.json"]
     train.main(tiny_args(arith_dir, old, "--max-steps=2", "--eval-interval=2", "--eval-samples=1", "--overwrite"))
