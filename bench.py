@@ -7,7 +7,7 @@ Speed and memory of every router mode and baseline against the LLaMA baseline (`
     python bench.py --depths 12,32,64                 # how the routing cost grows with depth
     python bench.py --routers none,lime --json out.json
     python bench.py --device cuda --kernels           # the routing op alone, in GB/s against a plain copy
-    python bench.py --device cuda --kernels --sweep   # the same at every tile of TILES (width, warps, launch, split)
+    python bench.py --device cuda --kernels --sweep   # the same at every tile of TILES (its knobs: kernels.KNOBS)
     python bench.py --device cuda --routers none,lime --profile   # where a step's milliseconds go
     python bench.py --device cuda --suite --sweep --profile --json suite.json   # every GPU figure of the README
 
@@ -66,12 +66,14 @@ SHAPES = {
     "deep": dict(n_layer=32, n_head=8, n_kv_head=8, n_embd=512, mlp_hidden=2048, vocab_size=50304,
                  block_size=2048, batch_size=16),
 }
-# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split): kernels.KNOBS; a
-# column is one (position, value) of a slot. 0 outputs: one launch for all, its loop over tables of addresses. Not
-# tried: 1024 columns, whose backward spills some 50 KB of registers a thread (ptxas for sm_90, run offline), 2 warps,
-# which spill from 256 columns, or 16 outputs, which the 0 outputs' one launch covers
-TILES = [(columns, warps, n, split) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 0)
-         for split in (1, 4)]
+# --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split, pack): kernels.KNOBS; a
+# column is one (position, value) of a slot. 0 outputs: one launch for all, its loop over tables of addresses. Pack 1
+# only where it packs (kernels.packing: 8 kv heads, not 12), so the 1B GQA sweep times twice the tiles of the 150M
+# one. Not tried: 1024 columns, whose backward spills some 50 KB
+# of registers a thread (ptxas for sm_90, run offline), 2 warps, which spill from 256 columns, or 16 outputs, which
+# the 0 outputs' one launch covers
+TILES = [(columns, warps, n, split, pack) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 0)
+         for split in (1, 4) for pack in (0, 1)]
 # --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone or the
 # routers, each compiled model alone in its own process). `lime` against `none` first, the figures most wanted (a GPU
 # lent for minutes may reach no further); then the routing op's tiles, which decide the kernels' design. Every part of
@@ -321,8 +323,8 @@ def measure_kernels(shape, args, device):
     knobs = ("LOW_PRECISION_DOTS", *kernels.KNOBS)
     chosen = tuple(getattr(kernels, name) for name in knobs)
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
-    if args.sweep and triton_kernels:
-        choices = [(chosen[0], *tile) for tile in TILES]
+    if args.sweep and triton_kernels:  # (a tile that packs where nothing packs would be its unpacked twin)
+        choices = [(chosen[0], *tile) for tile in TILES if kernels.packing(kv, pack=tile[-1]) > 1 or not tile[-1]]
     try:
         for layer in sorted({0, L // 2, L - 1}):  # (each once: a 2-layer model has L // 2 == L - 1)
             n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0
@@ -351,10 +353,10 @@ def measure_kernels(shape, args, device):
         r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
     print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
           f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}; tile: columns/warps/outputs a "
-          "launch/grad-w split")
-    print(f"{'op':>20} {'dots':>5} {'tile':>10} {'slots':>6} {'ms':>9} {'GB/s':>8}")
+          "launch/grad-w split/pack")
+    print(f"{'op':>20} {'dots':>5} {'tile':>12} {'slots':>6} {'ms':>9} {'GB/s':>8}")
     for r in rows:
-        print(f"{r['op']:>20} {r['dots']:>5} {r['tile']:>10} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")
+        print(f"{r['op']:>20} {r['dots']:>5} {r['tile']:>12} {r['slots']:6d} {r['ms']:9.3f} {r['gb_per_s']:8.0f}")
     return rows
 
 
@@ -408,8 +410,8 @@ def parse_args(argv):
     p.add_argument("--kernels", action="store_true",
                    help="time the routing op alone (forward, backward, a copy for the bandwidth) instead of models")
     p.add_argument("--sweep", action="store_true",
-                   help="with --kernels on CUDA: time the Triton kernels at every tile size, warp count and number "
-                        "of outputs a launch takes (TILES)")
+                   help="with --kernels on CUDA: time the Triton kernels at every tile of TILES (columns, warps, "
+                        "outputs a launch takes, grad-w split, packing)")
     p.add_argument("--suite", action="store_true",
                    help="every GPU figure of the README's Performance section, each model alone, in parts (shape: "
                         "routers, or the routing op): " + "; ".join(f"{shape}: {what}" for shape, what in SUITE) +

@@ -68,30 +68,37 @@ COLUMNS, NUM_WARPS = 256, 4  # a tile is about COLUMNS (position, e) pairs wide;
 # the backward's grad-w product, (KP x columns) @ (columns x KP), as SPLIT products over a share of the columns each,
 # one batched dot (a power of 2): fewer registers a thread than the one long product of 1 (README "Performance")
 SPLIT = 1
+# 1: where n_kv is a power of 2 below 16 (8 at the 1B GQA shape and the deep one), a tile's 16 rows hold the heads of
+# 16 / n_kv positions, not one position's heads padded with zero rows (half the rows at 8 heads: masked loads and
+# stores, a dot and registers half spent on zeros). The kernels see G = 16 / n_kv positions as one of G * n_kv heads,
+# mixed by w[i] G times on the diagonal (_w_tile), where G divides B*T (kernels.packing). Elsewhere it changes nothing.
+# NOTE 0 * inf is NaN in the dot: an inf or NaN in one position's K/V (or gradient) spreads to those packed with it,
+# another sequence's first position too, where unpacked it stays in its own (either way the loss is then NaN)
+PACK = 0
 # bf16 K/V: the dot operands stay bf16, w cast to bf16 as the plain path does; accumulation is fp32 either
 # way. False converts the operands to fp32 first (tf32 dots): a much slower backward (bench.py --kernels)
 LOW_PRECISION_DOTS = True
-# LIME_TILE: COLUMNS/NUM_WARPS/NMAX/SPLIT for this process, as bench.py --kernels --sweep names a tile (e.g.
-# 256/4/0/4): a tile tried, or kept for one GPU, without editing this file
-KNOBS = ("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT")  # a tile's knobs, in that order
+# LIME_TILE: COLUMNS/NUM_WARPS/NMAX/SPLIT/PACK for this process, as bench.py --kernels --sweep names a tile (e.g.
+# 256/4/0/4/1): a tile tried, or kept for one GPU, without editing this file
+KNOBS = ("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT", "PACK")  # a tile's knobs, in that order
 TILE = os.environ.get("LIME_TILE")
 
 
 def tile_problem(tile):
     """What is wrong with a LIME_TILE value (a message), or None."""
     parts = tile.split("/")
-    if len(parts) != 4 or not all(part.isascii() and part.isdigit() for part in parts):
-        return f"LIME_TILE={tile!r}: four whole numbers, {'/'.join(KNOBS)}, e.g. 256/4/8/1"
-    columns, warps, nmax, split = map(int, parts)
+    if len(parts) != len(KNOBS) or not all(part.isascii() and part.isdigit() for part in parts):
+        return f"LIME_TILE={tile!r}: five whole numbers, {'/'.join(KNOBS)}, e.g. 256/4/8/1/0"
+    columns, warps, nmax, split, pack = map(int, parts)
     if not all(0 < n and n & (n - 1) == 0 for n in (columns, warps, split)) or not 16 <= columns <= 4096 \
-            or warps > 32 or nmax > 64:
+            or warps > 32 or nmax > 64 or pack > 1:
         return (f"LIME_TILE={tile!r}: COLUMNS (16 to 4096), NUM_WARPS (32 at most) and SPLIT are powers of 2, "
-                "NMAX 0 to 64")
+                "NMAX 0 to 64, PACK 0 or 1")
     return None
 
 
 if TILE and not tile_problem(TILE):  # (a bad one is refused as a script picks its device: setting_problem)
-    COLUMNS, NUM_WARPS, NMAX, SPLIT = map(int, TILE.split("/"))
+    COLUMNS, NUM_WARPS, NMAX, SPLIT, PACK = map(int, TILE.split("/"))
 
 
 def setting_problem(device):
@@ -180,8 +187,9 @@ route.register_autograd(_backward, setup_context=_setup_context)
 # Triton kernels. A program takes a tile of BP positions: kv[pos] is an (n_kv, E) matrix, so the
 # tile is (KP, BP * BE) with a row per head and a column per (position, e), and it is one
 # contiguous stretch of memory. Mixing heads is then a (KP, KP) @ (KP, BP * BE) product.
-# NOTE tl.dot needs every side >= 16 (Triton 3.6), so heads are padded with zeros to KP >= 16. LOWP keeps bf16
-# operands in the dots; without it they go to fp32 first, which Triton's CPU interpreter needs,
+# NOTE tl.dot needs every side >= 16 (Triton 3.6), so heads are padded with zeros to KP >= 16 (or, with PACK, the
+# rows filled with the heads of the next positions: the kernels take G positions as one of G * n_kv heads). LOWP
+# keeps bf16 operands in the dots; without it they go to fp32 first, which Triton's CPU interpreter needs,
 # since it cannot multiply bf16 matrices (the tests run the kernels there in fp32 dots).
 
 if triton is not None:
@@ -194,6 +202,22 @@ if triton is not None:
         offs = pos[None, :] * (NKV * E) + head[:, None] * E + e[None, :]  # kv is (P, NKV, E), contiguous
         mask = (head[:, None] < NKV) & (pos[None, :] < P) & (e[None, :] < E)
         return offs, mask
+
+    @triton.jit
+    def _w_tile(NKV: tl.constexpr, KP: tl.constexpr, G: tl.constexpr):
+        """Where a tile's (KP, KP) mixing matrix reads w[i], of K = NKV / G heads: in its top left, zeros around it; or
+        packed (G > 1), G times on its diagonal, once for each position taken as one (block-diagonal), so that each is
+        mixed alone. -> the offsets of w[i], of w[i] transposed (element (k, h) is w[i, h, k]), and their mask."""
+        head = tl.arange(0, KP)
+        if G == 1:
+            w_offs, wt_offs = head[:, None] * NKV + head[None, :], head[None, :] * NKV + head[:, None]
+            w_mask = (head[:, None] < NKV) & (head[None, :] < NKV)
+        else:  # (KP = NKV: no padding)
+            K: tl.constexpr = NKV // G
+            h, position = head % K, head // K
+            w_offs, wt_offs = h[:, None] * K + h[None, :], h[None, :] * K + h[:, None]
+            w_mask = position[:, None] == position[None, :]
+        return w_offs, wt_offs, w_mask
 
     @triton.jit
     def _at(table, i, like, ALIGNED: tl.constexpr):
@@ -213,31 +237,31 @@ if triton is not None:
 
     @triton.jit
     def _route_fwd(kv, w, outs, partials, n_out, n_partial, P, NKV: tl.constexpr, E: tl.constexpr,
-                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, ALIGNED: tl.constexpr,
-                   PREC: tl.constexpr, LOWP: tl.constexpr):
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, G: tl.constexpr, NMAX: tl.constexpr,
+                   ALIGNED: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
         x = tl.load(kv + offs, mask=mask, other=0.0)  # read once for all outputs
         if not LOWP:
             x = x.to(tl.float32)
-        head = tl.arange(0, KP)
-        w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
+        w_offs, _, w_mask = _w_tile(NKV, KP, G)
+        K: tl.constexpr = NKV // G  # w is (n_out, K, K)
         if NMAX == 0:  # outs, partials: tables of addresses; a loop that runs n_out times
             for i in range(n_out):
-                _fwd_one(x, w + i * NKV * NKV, _at(outs, i, kv, ALIGNED), _at(partials, i, kv, ALIGNED), i,
+                _fwd_one(x, w + i * K * K, _at(outs, i, kv, ALIGNED), _at(partials, i, kv, ALIGNED), i,
                          n_partial, offs, mask, w_offs, w_mask, PREC)
         else:  # outs, partials: tuples of NMAX pointers; the loop unrolled
             for i in tl.static_range(NMAX):
                 if i < n_out:
-                    _fwd_one(x, w + i * NKV * NKV, outs[i], partials[i], i, n_partial, offs, mask, w_offs, w_mask,
-                             PREC)
+                    _fwd_one(x, w + i * K * K, outs[i], partials[i], i, n_partial, offs, mask, w_offs, w_mask, PREC)
 
     @triton.jit
     def _bwd_one(acc, xt, g_i, w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask, NKV: tl.constexpr,
-                 NEED_W: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+                 G: tl.constexpr, NEED_W: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         g = tl.load(g_i + offs, mask=mask, other=0.0)  # read once for both gradients
         if not LOWP:
             g = g.to(tl.float32)
-        wt = tl.load(w + i * NKV * NKV + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
+        K: tl.constexpr = NKV // G  # the heads of one position: w is (n_out, K, K)
+        wt = tl.load(w + i * K * K + wt_offs, mask=w_mask, other=0.0).to(g.dtype)
         acc += tl.dot(wt, g, input_precision=PREC)
         if NEED_W:  # this tile's share of grad w[i] = g_i @ x^T, summed over the tiles by torch
             if SPLIT == 1:
@@ -245,18 +269,22 @@ if triton is not None:
             else:  # (KP, C) -> (SPLIT, KP, C / SPLIT): a batch of shorter products, then their sum
                 g3 = tl.permute(tl.reshape(g, (g.shape[0], SPLIT, g.shape[1] // SPLIT)), (1, 0, 2))
                 gw = tl.sum(tl.dot(g3, xt, input_precision=PREC), axis=0)  # (SPLIT, KP, KP) -> (KP, KP)
-            tl.store(grad_w + (tl.program_id(0) * n_total + i) * NKV * NKV + w_offs, gw, mask=w_mask)
+            share = grad_w + (tl.program_id(0) * n_total + i) * K * K
+            if G == 1:
+                tl.store(share + w_offs, gw, mask=w_mask)
+            else:  # packed (PACK): the G blocks on gw's diagonal (w_mask), one a position, summed (the others mix two)
+                blocks = tl.reshape(tl.where(w_mask, gw, 0.0), (G, K, G, K))
+                h = tl.arange(0, K)
+                tl.store(share + h[:, None] * K + h[None, :], tl.sum(tl.sum(blocks, axis=2), axis=0))
         return acc
 
     @triton.jit
     def _route_bwd(kv, w, grads, grad_kv, grad_w, n_out, n_total, P, NKV: tl.constexpr, E: tl.constexpr,
-                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, NMAX: tl.constexpr, ALIGNED: tl.constexpr,
-                   NEED_W: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
-                   LOWP: tl.constexpr):
+                   KP: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, G: tl.constexpr, NMAX: tl.constexpr,
+                   ALIGNED: tl.constexpr, NEED_W: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
+                   PREC: tl.constexpr, LOWP: tl.constexpr):
         offs, mask = _tile(tl.program_id(0), P, NKV, E, KP, BE, BP)
-        head = tl.arange(0, KP)
-        w_offs, w_mask = head[:, None] * NKV + head[None, :], (head[:, None] < NKV) & (head[None, :] < NKV)
-        wt_offs = head[None, :] * NKV + head[:, None]  # w[i] transposed: element (k, h) is w[i, h, k]
+        w_offs, wt_offs, w_mask = _w_tile(NKV, KP, G)
         acc = tl.zeros((KP, BP * BE), tl.float32)
         if ACCUMULATE:  # an earlier launch covered the first NMAX outputs
             acc += tl.load(grad_kv + offs, mask=mask, other=0.0).to(tl.float32)
@@ -271,23 +299,33 @@ if triton is not None:
         if NMAX == 0:  # grads: a table of addresses; a loop that runs n_out times
             for i in range(n_out):
                 acc = _bwd_one(acc, xt, _at(grads, i, kv, ALIGNED), w, grad_w, i, n_total, offs, mask, w_offs,
-                               wt_offs, w_mask, NKV, NEED_W, SPLIT, PREC, LOWP)
+                               wt_offs, w_mask, NKV, G, NEED_W, SPLIT, PREC, LOWP)
         else:  # grads: a tuple of NMAX pointers; the loop unrolled
             for i in tl.static_range(NMAX):
                 if i < n_out:
                     acc = _bwd_one(acc, xt, grads[i], w, grad_w, i, n_total, offs, mask, w_offs, wt_offs, w_mask,
-                                   NKV, NEED_W, SPLIT, PREC, LOWP)
+                                   NKV, G, NEED_W, SPLIT, PREC, LOWP)
         tl.store(grad_kv + offs, acc.to(grad_kv.dtype.element_ty), mask=mask)
 
 
-def _launch_shape(kv, tensors):
-    """Block sizes and choices: heads padded to KP, E to BE, BP positions per tile (COLUMNS columns); ALIGNED where
-    every tensor a launch reaches starts on 16 bytes (a contiguous view need not), as a table's addresses then say."""
+def packing(kv, pack=None):
+    """G, how many positions the kernels take as one (PACK, or `pack`): 16 / n_kv where n_kv is a power of 2 below 16
+    and G divides the positions, else 1."""
     n_kv, E = kv.shape[-2:]
+    G = 16 // n_kv if (PACK if pack is None else pack) and n_kv < 16 and 16 % n_kv == 0 else 1
+    return G if kv.numel() // (n_kv * E) % G == 0 else 1
+
+
+def _launch_shape(kv, tensors):
+    """Block sizes and choices: G positions taken as one (packing), their G * n_kv heads padded to KP, E to BE, BP such
+    positions per tile (COLUMNS columns); ALIGNED where every tensor a launch reaches starts on 16 bytes (a contiguous
+    view need not), as a table's addresses then say."""
+    G = packing(kv)
+    n_kv, E = G * kv.shape[-2], kv.shape[-1]
     assert kv.numel() < 2**31, "int32 offsets in the kernels"
     BE = triton.next_power_of_2(E)
     lowp = LOW_PRECISION_DOTS and kv.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
-    return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, COLUMNS // BE),
+    return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, COLUMNS // BE), G=G,
                 NMAX=NMAX, ALIGNED=all(t.data_ptr() % 16 == 0 for t in tensors),
                 PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS)
 
@@ -322,7 +360,7 @@ def _pointers(tensors, n, filler):
 def _route_triton(kv, w, partials):
     outs = [torch.empty_like(kv) for _ in range(w.shape[0])]
     meta = _launch_shape(kv, [kv, *outs, *partials])
-    P = kv.numel() // (meta["NKV"] * meta["E"])  # positions, B*T
+    P = kv.numel() // (meta["NKV"] * meta["E"])  # positions, B*T (packed: B*T / G, each G positions)
     for a, b in _chunks(len(outs)):
         part = partials[a:b]
         _route_fwd[(triton.cdiv(P, meta["BP"]),)](kv, w[a:], _pointers(outs[a:b], b - a, kv),
@@ -335,11 +373,10 @@ def _route_backward_triton(grads, kv, w, need_w):
     meta = _launch_shape(kv, [kv, grad_kv, *grads])
     P = kv.numel() // (meta["NKV"] * meta["E"])
     programs = triton.cdiv(P, meta["BP"])
-    # one (n_kv, n_kv) share of every grad w[i] per program, in fp32: 2 n_kv / (BP E) of the bytes of the
+    # one (n_kv, n_kv) share of every grad w[i] per program, in fp32: 2 n_kv / (G BP E) of the bytes of the
     # program's g_i tile (9% at 150M), then read once more by the sum. One writer per share: no atomics,
     # so the sum is the same at every run
-    gw = torch.empty(programs if need_w else 1, len(grads), meta["NKV"], meta["NKV"], device=kv.device,
-                     dtype=torch.float32)
+    gw = torch.empty(programs if need_w else 1, len(grads), *w.shape[1:], device=kv.device, dtype=torch.float32)
     assert gw.numel() < 2**31, "int32 offsets in the kernels"
     for a, b in _chunks(len(grads)):
         _route_bwd[(programs,)](kv, w[a:], _pointers(grads[a:b], b - a, kv), grad_kv, gw[:, a:], b - a, len(grads),

@@ -304,7 +304,7 @@ def test_a_suite_measures_anew_with_other_warm_up_or_kernel_settings(tmp_path, m
         measured=bench.measured_as(args)))
     argv = ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0", "--json", str(tmp_path / "s.json")]
     for extra, env, measured in (([], {}, 1), ([], {}, 1), (["--warmup", "2"], {}, 2),
-                                 (["--warmup", "2"], {"LIME_TILE": "128/8/0/4"}, 3)):
+                                 (["--warmup", "2"], {"LIME_TILE": "128/8/0/4/0"}, 3)):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         bench.main([*argv, *extra])
@@ -403,22 +403,26 @@ def test_bench_suite_keeps_the_parts_of_an_earlier_suite_in_its_file(tmp_path, m
 
 
 def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypatch, capsys):
-    """--kernels --sweep: the Triton kernels (here in Triton's CPU interpreter) at every tile of TILES; the
-    kernels' own block sizes are left as they were."""
+    """--kernels --sweep: the Triton kernels (here in Triton's CPU interpreter) at every tile of TILES, a tile that
+    packs only where it packs; the kernels' own block sizes are left as they were."""
     pytest.importorskip("triton")
     monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
-                                               vocab_size=32, block_size=4, batch_size=1))
-    monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1), (48, 4, 16, 1), (64, 8, 16, 2)])  # (Triton refuses 48 columns)
+                                               vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1, 0), (32, 2, 8, 1, 1), (48, 4, 16, 1, 0),  # (Triton refuses 48
+                                         (64, 8, 16, 2, 0)])                                      # columns)
     monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
     monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: [fn(), 1.0][1])  # each once: interpreted
     chosen = [getattr(bench.kernels, name) for name in bench.kernels.KNOBS]
     out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1"])
-    assert [(r["op"], r["tile"]) for r in out["kernels"]][:5] == [
-        ("copy", "-"), ("forward, layer 0", "32/2/8/1"), ("backward, layer 0", "32/2/8/1"),
-        ("forward, layer 0", "64/8/16/2"), ("backward, layer 0", "64/8/16/2")]
+    assert [(r["op"], r["tile"]) for r in out["kernels"]][:7] == [
+        ("copy", "-"), ("forward, layer 0", "32/2/8/1/0"), ("backward, layer 0", "32/2/8/1/0"),
+        ("forward, layer 0", "32/2/8/1/1"), ("backward, layer 0", "32/2/8/1/1"),  # 2 kv heads: 8 positions as one
+        ("forward, layer 0", "64/8/16/2/0"), ("backward, layer 0", "64/8/16/2/0")]
     assert [getattr(bench.kernels, name) for name in bench.kernels.KNOBS] == chosen
     printed = capsys.readouterr().out
-    assert "64/8/16/2" in printed and "layer 0, tile 48/4/16/1: failed (" in printed  # the rest of the sweep timed
+    assert "64/8/16/2/0" in printed and "layer 0, tile 48/4/16/1/0: failed (" in printed  # the rest of the sweep timed
+    out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1", "--block-size", "4"])
+    assert "32/2/8/1/1" not in {r["tile"] for r in out["kernels"]}  # 4 positions: none packed, no tile timed twice
     with pytest.raises(Exception, match="power of 2"):  # (not in a sweep: a failure is the run's)
         monkeypatch.setattr(bench.kernels, "COLUMNS", 48)
         bench.main(["--device", "cpu", "--kernels", "--shape", "t", "--steps", "1"])

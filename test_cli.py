@@ -91,27 +91,28 @@ def test_lime_triton_is_checked_with_the_device(monkeypatch):
 
 
 def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch):
-    """LIME_TILE names a tile as bench.py --kernels --sweep does, and sets the kernels' four knobs for the process; a
-    value that is not four whole numbers, or not powers of 2 where Triton needs them, is one line as the device is
+    """LIME_TILE names a tile as bench.py --kernels --sweep does, and sets the kernels' five knobs for the process; a
+    value that is not five whole numbers, or not powers of 2 where Triton needs them, is one line as the device is
     picked, where the kernels would otherwise run the default tile without a word."""
     import kernels
-    for tile, problem in [("256/4/8", "four whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT"),
-                          ("256/4/x/1", "four whole numbers"), ("256/4/-1/1", "four whole numbers"),
-                          ("192/4/8/1", "COLUMNS (16 to 4096), NUM_WARPS (32 at most) and SPLIT are powers of 2, "
-                                        "NMAX 0 to 64"),
-                          ("256/64/8/1", "are powers of 2"), ("256/4/8/0", "are powers of 2"),
-                          ("8/4/8/1", "are powers of 2"), ("8192/4/8/1", "are powers of 2"),  # (Triton: a tile of
-                          ("256/4/65/1", "NMAX 0 to 64")]:  # at most 2**20 values; a launch's arguments: a few KB)
+    for tile, problem in [("256/4/8/1", "five whole numbers, COLUMNS/NUM_WARPS/NMAX/SPLIT/PACK"),
+                          ("256/4/x/1/0", "five whole numbers"), ("256/4/-1/1/0", "five whole numbers"),
+                          ("192/4/8/1/0", "COLUMNS (16 to 4096), NUM_WARPS (32 at most) and SPLIT are powers of 2, "
+                                          "NMAX 0 to 64, PACK 0 or 1"),
+                          ("256/64/8/1/0", "are powers of 2"), ("256/4/8/0/0", "are powers of 2"),
+                          ("8/4/8/1/0", "are powers of 2"), ("8192/4/8/1/0", "are powers of 2"),  # (Triton: a tile
+                          ("256/4/65/1/0", "NMAX 0 to 64"),  # of at most 2**20 values; a launch's arguments: a few KB)
+                          ("256/4/8/1/2", "PACK 0 or 1")]:
         monkeypatch.setattr(kernels, "TILE", tile)
         with pytest.raises(cli.UsageError, match=re.escape(f"LIME_TILE={tile!r}: ") + f".*{re.escape(problem)}"):
             cli.pick_device("cpu")
-    for tile in ("128/8/0/4", "16/4/64/1", "4096/32/0/4"):
+    for tile in ("128/8/0/4/1", "16/4/64/1/0", "4096/32/0/4/0"):
         monkeypatch.setattr(kernels, "TILE", tile)
         assert cli.pick_device("cpu") == "cpu"
-    knobs = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.COLUMNS, kernels.NUM_WARPS, "
-                            "kernels.NMAX, kernels.SPLIT)"], env={**os.environ, "LIME_TILE": "128/8/0/4"},
-                           capture_output=True, text=True, cwd=Path(kernels.__file__).parent)
-    assert knobs.stdout.split() == ["128", "8", "0", "4"], knobs.stderr
+    knobs = subprocess.run([sys.executable, "-c", "import kernels; print(*map(kernels.__dict__.get, kernels.KNOBS))"],
+                           env={**os.environ, "LIME_TILE": "128/8/0/4/1"}, capture_output=True, text=True,
+                           cwd=Path(kernels.__file__).parent)
+    assert knobs.stdout.split() == ["128", "8", "0", "4", "1"], knobs.stderr
 
 
 def test_metrics_show_accuracies_in_percent():

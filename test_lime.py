@@ -470,19 +470,25 @@ LOOPS_INTERPRETED = kernels.triton is None or tuple(map(int, kernels.triton.__ve
     or int(np.__version__.split(".")[0]) < 2
 
 
-@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, split, layout", [
-    (3, 2, 3, 8, torch.float32, 256, 8, 1, "guarded"),  # heads and positions that fill no block
-    (3, 2, 3, 8, torch.float32, 32, 8, 1, "guarded"),  # tiles of 4 positions: many programs, the last one partly filled
-    (11, 10, 4, 12, torch.float32, 256, 8, 1, "strided"),  # more outputs than one launch takes (kernels.NMAX); E not a
-    # power of 2
-    (17, 16, 4, 12, torch.float32, 256, 16, 1, "strided"),  # 16 outputs a launch: two launches
-    (2, 0, 2, 16, torch.bfloat16, 256, 8, 1, "guarded"),
-    (2, 1, 17, 12, torch.float32, 8, 8, 1, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a tile
-    (11, 10, 4, 12, torch.float32, 32, 0, 1, "strided"),  # NMAX = 0: one launch loops over tables of addresses
-    (3, 0, 3, 8, torch.bfloat16, 256, 0, 4, "guarded"),  # grad w's product in 4 shares of the tile's 256 columns
-    (11, 10, 4, 12, torch.float32, 64, 8, 8, "strided"),  # 8 asked, 4 taken: a share is 16 columns or more
+@pytest.mark.parametrize("n_out, n_partials, n_kv, E, dtype, columns, nmax, split, G, layout", [
+    (3, 2, 3, 8, torch.float32, 256, 8, 1, 1, "guarded"),  # heads and positions that fill no block
+    (3, 2, 3, 8, torch.float32, 32, 8, 1, 1, "guarded"),  # tiles of 4 positions: many programs, the last partly filled
+    (11, 10, 4, 12, torch.float32, 256, 8, 1, 1, "strided"),  # more outputs than one launch takes (kernels.NMAX); E
+    # not a power of 2
+    (17, 16, 4, 12, torch.float32, 256, 16, 1, 1, "strided"),  # 16 outputs a launch: two launches
+    (2, 0, 2, 16, torch.bfloat16, 256, 8, 1, 1, "guarded"),
+    (2, 1, 17, 12, torch.float32, 8, 8, 1, 1, "guarded"),  # heads padded to 32, not 16; E over a tile: a position a
+    # tile
+    (11, 10, 4, 12, torch.float32, 32, 0, 1, 1, "strided"),  # NMAX = 0: one launch loops over tables of addresses
+    (3, 0, 3, 8, torch.bfloat16, 256, 0, 4, 1, "guarded"),  # grad w's product in 4 shares of the tile's 256 columns
+    (11, 10, 4, 12, torch.float32, 64, 8, 8, 1, "strided"),  # 8 asked, 4 taken: a share is 16 columns or more
+    # PACK: G = 16 / n_kv positions taken as one (kernels.packing), of 2 x 24 positions
+    (3, 2, 8, 8, torch.float32, 128, 8, 1, 2, "guarded"),  # the 1B GQA shape's 8 heads: 24 pairs, 16 a tile
+    (11, 10, 4, 12, torch.float32, 64, 8, 4, 4, "strided"),  # two launches; grad w's product in shares
+    (3, 0, 2, 16, torch.bfloat16, 128, 0, 4, 8, "strided"),  # NMAX 0
+    (2, 1, 1, 8, torch.float32, 16, 8, 1, 16, "guarded"),  # 3 groups of 16, 2 a tile
 ])
-def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, split,
+def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv, E, dtype, columns, nmax, split, G,
                                             layout):
     """The Triton kernels, run by Triton's CPU interpreter, against the plain implementation, on inputs laid out in
     memory as `laid_out` says; grad w against its sums in float64 (both accumulate in fp32, bf16 K/V too). LIME_TRITON
@@ -491,11 +497,12 @@ def test_triton_kernels_equal_plain_pytorch(monkeypatch, n_out, n_partials, n_kv
     pytest.importorskip("triton")
     if nmax == 0 and not LOOPS_INTERPRETED:
         pytest.skip(f"Triton {kernels.triton.__version__}'s interpreter cannot run a loop of a runtime count")
-    monkeypatch.setattr(kernels, "COLUMNS", columns)
-    monkeypatch.setattr(kernels, "NMAX", nmax)
-    monkeypatch.setattr(kernels, "SPLIT", split)
+    for name, value in zip(kernels.KNOBS, (columns, 4, nmax, split, int(G > 1))):
+        monkeypatch.setattr(kernels, name, value)
     g = torch.Generator().manual_seed(0)
-    kv, w = torch.randn(2, 17, n_kv, E, generator=g).to(dtype), torch.randn(n_out, n_kv, n_kv, generator=g)
+    kv = torch.randn(2, 24 if G > 1 else 17, n_kv, E, generator=g).to(dtype)
+    w = torch.randn(n_out, n_kv, n_kv, generator=g)
+    assert kernels.packing(kv) == G
     partials = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_partials)]
     grads = [torch.randn(kv.shape, generator=g).to(dtype) for _ in range(n_out)]
     exact_w = torch.stack([torch.einsum("bthe,btke->hk", gi.double(), kv.double()) for gi in grads])
@@ -523,7 +530,8 @@ def test_launches_shares_and_alignment(monkeypatch):
     """What the interpreter cannot check of a launch: that NMAX = 0 takes every output at once (_chunks; the results
     are the same either way); that grad w's product is split in shares of 16 columns or more (_split), as tl.dot takes
     on a GPU (the interpreter takes a share of 8); and that the addresses of a table are said to start on 16 bytes only
-    where they do (ALIGNED: a GPU faults on a wrong promise, the interpreter ignores it)."""
+    where they do (ALIGNED: a GPU faults on a wrong promise, the interpreter ignores it); where PACK takes several
+    positions as one."""
     monkeypatch.setattr(kernels, "NMAX", 8)
     assert kernels._chunks(17) == [(0, 8), (8, 16), (16, 17)] and kernels._chunks(8) == [(0, 8)]
     monkeypatch.setattr(kernels, "NMAX", 0)
@@ -536,6 +544,17 @@ def test_launches_shares_and_alignment(monkeypatch):
         assert kernels._split(kernels._launch_shape(kv, [kv])) == taken, (columns, split)
     assert kernels._launch_shape(kv, [kv, torch.empty(20)[4:]])["ALIGNED"]  # 16 bytes in
     assert not kernels._launch_shape(kv, [kv, torch.empty(20)[1:]])["ALIGNED"]  # 4 bytes in
+    # PACK: G positions as one of G * n_kv heads, 16 rows with no padding, where n_kv divides 16 and G the positions
+    for positions, n_kv, G in [(8192, 8, 2), (8192, 4, 4), (8192, 1, 16), (8192, 12, 1), (8192, 16, 1), (8192, 32, 1),
+                               (33, 8, 1), (36, 4, 4), (36, 2, 1)]:
+        kv = torch.empty(positions, n_kv, 128, device="meta")
+        assert kernels.packing(kv, pack=0) == 1 and kernels.packing(kv, pack=1) == G, (positions, n_kv)
+        for pack in (0, 1):
+            monkeypatch.setattr(kernels, "PACK", pack)
+            shape = kernels._launch_shape(kv, [])
+            g = G if pack else 1
+            assert (shape["G"], shape["NKV"], shape["KP"]) == (g, g * n_kv, max(16, 1 << (g * n_kv - 1).bit_length()))
+    assert kernels.packing(torch.empty(4, 2048, 8, 128, device="meta")) == 2  # PACK 1 at the 1B GQA shape's slot
 
 
 @pytest.mark.parametrize("mode", ROUTED)  # a fork's router too: CPU runs the kernels interpreted
@@ -544,10 +563,16 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     model, idx = routed_model(mode), tokens()
     ref_logits, ref = run_routing(model, idx, reference=True)
     monkeypatch.setattr(kernels, "USE_TRITON", "1")
-    logits, fast = run_routing(model, idx, reference=False)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    for name in ref:
-        torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+    packed, packing = [], kernels.packing
+    monkeypatch.setattr(kernels, "packing", lambda kv, pack=None: packed.append(packing(kv, pack)) or packed[-1])
+    for pack in (0, 1):  # PACK 1: 2 kv heads, so 8 positions as one
+        monkeypatch.setattr(kernels, "PACK", pack)
+        logits, fast = run_routing(model, idx, reference=False)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+        for name in ref:
+            torch.testing.assert_close(fast[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+        assert set(packed) == ({8 if pack else 1} if any(not r.pulled for r in model.routers[1:]) else set()), mode
+        packed.clear()
     model.double()  # float64 K/V go to the plain path, which sums in float64: Triton's dots take fp32 at most
     ref_logits, ref = run_routing(model, idx, reference=True)
     logits, fast = run_routing(model, idx, reference=False)
@@ -562,19 +587,21 @@ def test_triton_routing_in_the_model_equals_the_reference(monkeypatch, mode):
     (12, torch.float32, False, None), (12, torch.bfloat16, True, (128, 4, 8, 1)),
     (8, torch.bfloat16, True, (512, 8, 16, 1)), (12, torch.bfloat16, True, (256, 4, 16, 1)),
     (12, torch.bfloat16, True, (256, 4, 0, 1)), (8, torch.bfloat16, True, (128, 8, 0, 4)),
-    (12, torch.bfloat16, True, (256, 8, 8, 4)), (12, torch.float32, False, (512, 8, 0, 4))])
+    (12, torch.bfloat16, True, (256, 8, 8, 4)), (12, torch.float32, False, (512, 8, 0, 4)),
+    (8, torch.bfloat16, True, (256, 4, 8, 1, 1)), (8, torch.bfloat16, True, (128, 8, 0, 4, 1))])
 def test_cuda_triton_kernels_match_float64(monkeypatch, n_kv, dtype, low, tile):
     """On a GPU, at the 150M (12 kv heads) and 1B GQA (8) head counts: the compiled kernels, not the interpreter,
     with either choice of dot operands, at tiles from 128 to 512 columns and 4 or 8 warps (8 or 16 outputs a launch,
     unrolled: 10 outputs here take two launches, then one; or 0: all in one launch, looping over tables of addresses;
-    grad w's product whole or in 4 shares), and the plain path, each against the same sums in float64. They round
-    bf16 differently, so they are held to the exact sums, not to each other."""
+    grad w's product whole or in 4 shares; 8 heads packed, two positions as one, or not), and the plain path, each
+    against the same sums in float64. They round bf16 differently, so they are held to the exact sums, not to each
+    other."""
     monkeypatch.setattr(kernels, "LOW_PRECISION_DOTS", low)
-    if tile:
-        for name, value in zip(("COLUMNS", "NUM_WARPS", "NMAX", "SPLIT"), tile):
-            monkeypatch.setattr(kernels, name, value)
+    for name, value in zip(kernels.KNOBS, tile or ()):  # (PACK 0 where a tile names four)
+        monkeypatch.setattr(kernels, name, value)
     g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(4, 256, n_kv, 128, device="cuda", generator=g).to(dtype)
+    assert kernels.packing(kv) == (2 if tile and tile[4:] == (1,) else 1)
     w = torch.randn(10, n_kv, n_kv, device="cuda", generator=g) / n_kv**0.5
     partials = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(9)]
     grads = [torch.randn(kv.shape, device="cuda", generator=g).to(dtype) for _ in range(10)]
