@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -551,3 +552,22 @@ def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(tmp_path):
                           text=True, env={**os.environ, "OUT": str(out), "PATH": path}, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "no CUDA GPU here: this script measures on one\n")
     assert not out.exists()
+
+
+def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one():
+    """.ci/registers.py: the kernels compiled here for an sm_90 GPU, as a launch there specializes them; the registers
+    and spills read off the binary, and the programs a multiprocessor holds by them (64K registers, 8 at a time a
+    thread; 64 warps)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LIME_TILE")}
+    script = [sys.executable, str(Path(bench.__file__).parent / ".ci" / "registers.py"), "--shape", "1b"]
+    done = subprocess.run(script, env={**env, "LIME_TILE": "128/4/8/1/1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1:2] == ["1b: 8 kv heads of 128 values"] and len(lines) == 3, done.stdout
+    row = re.fullmatch(r" +128/4/8/1/1  forward +(\d+) \((\d+)\) +(\d+) B   backward +(\d+) \((\d+)\) +(\d+) B",
+                       lines[2])
+    assert row, lines[2]
+    for registers, held, spilled in (map(int, row.groups()[:3]), map(int, row.groups()[3:])):
+        assert 16 <= registers <= 255 and spilled >= 0
+        assert held == min(65536 // (-(-registers // 8) * 8 * 32 * 4), 16)

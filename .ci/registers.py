@@ -1,0 +1,105 @@
+"""The Triton routing kernels compiled for an H100/H200 (sm_90) on this machine, which needs no GPU: the registers a
+thread of each kernel takes, and the bytes it spills, at each tile, specialized as a launch on a GPU specializes them
+(every address on 16 bytes, the position count a multiple of 16). Registers decide how many programs a multiprocessor
+holds (65536 registers, 64 warps), and so the bytes in flight of a kernel that memory bounds: a lead for a tile, not a
+timing (bench.py --kernels --sweep times them on a GPU).
+
+    python .ci/registers.py                          # the kernels' tile, at the 150M (12 kv heads) and 1B GQA (8) slots
+    python .ci/registers.py --sweep --shape 1b       # every tile of bench.TILES, at the 1B GQA slot
+    LIME_TILE=256/4/0/4/1 python .ci/registers.py    # one tile, as kernels.py takes it
+
+Needs Triton with its NVIDIA backend (pip's triton, and CUDA builds of torch, bring it, cuobjdump included).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.pop("TRITON_INTERPRET", None)  # (before Triton is imported: interpreted kernels compile to nothing)
+
+import torch  # noqa: E402
+
+import kernels  # noqa: E402
+from bench import SHAPES, TILES  # noqa: E402
+
+
+class Target:
+    """Stands in for Triton's CUDA driver, which needs a GPU, where a launch asks what to compile for."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)  # sm_90: H100, H200
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def compiled(which, n_kv, E, n=8):
+    """One kernel, forward or backward, at kernels.py's knobs as they are, for lime's layer with n outputs."""
+    kv = torch.empty(1024, n_kv, E, dtype=torch.bfloat16)  # positions a multiple of 16, on 16 bytes, as on a GPU
+    meta = kernels._launch_shape(kv, [kv])
+    P = kv.numel() // (meta["NKV"] * E)  # positions, or groups of G of them (PACK)
+    pointers = kernels._pointers([kv] * n, n, kv) if kernels.NMAX else torch.empty(n, dtype=torch.int64)
+    w = torch.empty(n, n_kv, n_kv)
+    if which == "forward":
+        return kernels._route_fwd.warmup(kv, w, pointers, pointers, n, n - 1, P, grid=(1,), **meta)
+    return kernels._route_bwd.warmup(kv, w, pointers, kv, torch.empty(1, n, n_kv, n_kv), n, n, P, NEED_W=True,
+                                     SPLIT=kernels._split(meta), ACCUMULATE=False, grid=(1,), **meta)
+
+
+def resources(kernel):
+    """(registers a thread, bytes of stack a thread: spills) of a compiled kernel, as cuobjdump reads its binary."""
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
+
+
+def programs(registers, warps):
+    """Programs a multiprocessor holds by registers (allocated 8 at a time a thread) and by warps."""
+    return min(65536 // (-(-registers // 8) * 8 * 32 * warps), 64 // warps)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", action="store_true", help="every tile of bench.TILES, not the kernels' own")
+    p.add_argument("--shape", choices=("150m", "1b"), help="one slot's kernels only (default: both)")
+    args = p.parse_args(argv)
+    problem = "this Python has no Triton (pip install triton)" if kernels.triton is None else \
+        kernels.TILE and kernels.tile_problem(kernels.TILE)
+    if problem:
+        print(f"registers.py: {problem}", file=sys.stderr)
+        sys.exit(2)
+    from triton.runtime import driver
+    driver.set_active(Target())  # (for this process, which launches nothing)
+    tiles = TILES if args.sweep else [tuple(getattr(kernels, name) for name in kernels.KNOBS)]
+    print(f"Triton {kernels.triton.__version__}, sm_90, bf16 K/V, dot operands "
+          f"{'bf16' if kernels.LOW_PRECISION_DOTS else 'fp32'}; tile: {'/'.join(kernels.KNOBS)}; registers a thread "
+          "(programs a multiprocessor holds), bytes spilled")
+    for shape in [args.shape] if args.shape else ["150m", "1b"]:
+        n_kv, E = SHAPES[shape]["n_kv_head"], 2 * SHAPES[shape]["n_embd"] // SHAPES[shape]["n_head"]
+        print(f"{shape}: {n_kv} kv heads of {E} values")
+        for tile in tiles:
+            kernels.__dict__.update(zip(kernels.KNOBS, tile))
+            if args.sweep and tile[-1] and kernels.packing(torch.empty(1024, n_kv, E, device="meta")) == 1:
+                continue  # (nothing packs here: the tile is its unpacked twin)
+            row = []
+            for which in ("forward", "backward"):
+                registers, spilled = resources(compiled(which, n_kv, E))
+                row.append(f"{which} {registers:3d} ({programs(registers, kernels.NUM_WARPS)}) {spilled:4d} B")
+            print(f"  {'/'.join(map(str, tile)):>12}  " + "   ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
