@@ -212,7 +212,8 @@ if triton is not None:
         if G == 1:
             w_offs, wt_offs = head[:, None] * NKV + head[None, :], head[None, :] * NKV + head[:, None]
             w_mask = (head[:, None] < NKV) & (head[None, :] < NKV)
-        else:  # (KP = NKV: no padding)
+        else:
+            tl.static_assert(KP == NKV, "packed: G positions fill the tile's rows, no padding")
             K: tl.constexpr = NKV // G
             h, position = head % K, head // K
             w_offs, wt_offs = h[:, None] * K + h[None, :], h[None, :] * K + h[:, None]

@@ -546,7 +546,7 @@ def test_launches_shares_and_alignment(monkeypatch):
     assert not kernels._launch_shape(kv, [kv, torch.empty(20)[1:]])["ALIGNED"]  # 4 bytes in
     # PACK: G positions as one of G * n_kv heads, 16 rows with no padding, where n_kv divides 16 and G the positions
     for positions, n_kv, G in [(8192, 8, 2), (8192, 4, 4), (8192, 1, 16), (8192, 12, 1), (8192, 16, 1), (8192, 32, 1),
-                               (33, 8, 1), (36, 4, 4), (36, 2, 1)]:
+                               (33, 8, 1), (36, 4, 4), (36, 2, 1), (36, 6, 1), (8192, 3, 1)]:
         kv = torch.empty(positions, n_kv, 128, device="meta")
         assert kernels.packing(kv, pack=0) == 1 and kernels.packing(kv, pack=1) == G, (positions, n_kv)
         for pack in (0, 1):

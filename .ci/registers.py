@@ -20,12 +20,16 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.pop("TRITON_INTERPRET", None)  # (before Triton is imported: interpreted kernels compile to nothing)
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)  # (before Triton is imported: interpreted kernels compile to nothing)
 
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
 from bench import SHAPES, TILES  # noqa: E402
+
+# among the NVIDIA tools that pip's Triton brings along
+CUOBJDUMP = Path(getattr(kernels.triton, "__file__", ".")).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 class Target:
@@ -56,19 +60,27 @@ def compiled(which, n_kv, E, n=8):
 
 
 def resources(kernel):
-    """(registers a thread, bytes of stack a thread: spills) of a compiled kernel, as cuobjdump reads its binary."""
-    import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    """(registers a thread, bytes of stack a thread: its spills) of a compiled kernel, as cuobjdump reads its binary."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
+        done = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    found = re.search(r"REG:(\d+) STACK:(\d+)", done.stdout)
+    if not found:
+        fail(f"{CUOBJDUMP} read no registers off the binary: {(done.stderr or done.stdout).strip()[:200]}")
+    return int(found[1]), int(found[2])
 
 
 def programs(registers, warps):
-    """Programs a multiprocessor holds by registers (allocated 8 at a time a thread) and by warps."""
-    return min(65536 // (-(-registers // 8) * 8 * 32 * warps), 64 // warps)
+    """Programs a multiprocessor holds (sm_90): by registers, allocated 8 at a time a thread, from each of its 4
+    quarters' 16384 (a warp's in one quarter); by warps, 64; by programs, 32."""
+    warps_a_quarter = 16384 // (-(-registers // 8) * 8 * 32)
+    return min(4 * warps_a_quarter // warps, 64 // warps, 32)
+
+
+def fail(message):
+    print(f"registers.py: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv=None):
@@ -76,17 +88,18 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true", help="every tile of bench.TILES, not the kernels' own")
     p.add_argument("--shape", choices=("150m", "1b"), help="one slot's kernels only (default: both)")
     args = p.parse_args(argv)
-    problem = "this Python has no Triton (pip install triton)" if kernels.triton is None else \
-        kernels.TILE and kernels.tile_problem(kernels.TILE)
-    if problem:
-        print(f"registers.py: {problem}", file=sys.stderr)
-        sys.exit(2)
+    if kernels.triton is None:
+        fail("this Python has no Triton (pip install triton)")
+    if not CUOBJDUMP.exists():
+        fail(f"this Triton has no NVIDIA backend with its tools ({CUOBJDUMP})")
+    if kernels.TILE and kernels.tile_problem(kernels.TILE):
+        fail(kernels.tile_problem(kernels.TILE))
     from triton.runtime import driver
     driver.set_active(Target())  # (for this process, which launches nothing)
     tiles = TILES if args.sweep else [tuple(getattr(kernels, name) for name in kernels.KNOBS)]
     print(f"Triton {kernels.triton.__version__}, sm_90, bf16 K/V, dot operands "
           f"{'bf16' if kernels.LOW_PRECISION_DOTS else 'fp32'}; tile: {'/'.join(kernels.KNOBS)}; registers a thread "
-          "(programs a multiprocessor holds), bytes spilled")
+          "(programs a multiprocessor holds), bytes of stack (spills)")
     for shape in [args.shape] if args.shape else ["150m", "1b"]:
         n_kv, E = SHAPES[shape]["n_kv_head"], 2 * SHAPES[shape]["n_embd"] // SHAPES[shape]["n_head"]
         print(f"{shape}: {n_kv} kv heads of {E} values")
