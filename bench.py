@@ -303,11 +303,13 @@ def time_op(fn, device, repeats):
     return 1000 * statistics.median(times[3:])
 
 
-def measure_kernels(shape, args, device):
+def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
     """The routing op alone, forward and backward, for `lime`'s first, middle and last layer at the
     shape's slot (one layer's K/V), in slot passes per second next to a plain copy. Bytes counted:
     forward kv, partials and outputs; backward the outputs' gradients, kv and grad kv (the small
-    grad-w partials of the Triton backward not counted)."""
+    grad-w partials of the Triton backward not counted). `held`: rows of an earlier run, on this machine, taken
+    where they time the same layer and tile; `measured(rows)` after each layer at each tile (a sweep saved as it
+    goes: a long one cut short goes on from its last tile)."""
     L, n_kv, E = shape["n_layer"], shape["n_kv_head"], 2 * shape["n_embd"] // shape["n_head"]
     dtype = torch.bfloat16 if device.startswith("cuda") and args.dtype == "bfloat16" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
@@ -316,7 +318,12 @@ def measure_kernels(shape, args, device):
         return torch.randn(shape["batch_size"], shape["block_size"], n_kv, E, device=device, generator=gen).to(dtype)
 
     kv = slot()
-    rows = [dict(op="copy", dots="-", tile="-", slots=2, ms=time_op(kv.clone, device, args.steps))]
+
+    def row(op, how, slots, ms):
+        return dict(op=op, **how, slots=slots, ms=ms, gb_per_s=slots * kv.numel() * kv.element_size() / ms / 1e6)
+
+    rows = [row("copy", dict(dots="-", tile="-"), 2, time_op(kv.clone, device, args.steps))]
+    earlier = {(r["op"], r["dots"], r["tile"]): r for r in held}
     triton_kernels = kernels.use_triton(kv)
     # on a GPU in bf16, the kernels' two choices of dot operands (kernels.LOW_PRECISION_DOTS); with --sweep,
     # every tile of TILES (kernels.KNOBS), with the chosen operands
@@ -336,6 +343,10 @@ def measure_kernels(shape, args, device):
                     setattr(kernels, name, value)
                 dots = ("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-"
                 how = dict(dots=dots, tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
+                ops = [f"{op}, layer {layer}" for op in ("forward", "backward")]
+                if all((op, how["dots"], how["tile"]) in earlier for op in ops):
+                    rows += [earlier[op, how["dots"], how["tile"]] for op in ops]
+                    continue
                 try:
                     fwd = time_op(lambda: kernels.route(kv, w, partials), device, args.steps)
                     bwd = time_op(lambda: kernels.route_backward(grads, kv, w, True), device, args.steps)
@@ -344,13 +355,11 @@ def measure_kernels(shape, args, device):
                         raise
                     print(f"layer {layer}, tile {how['tile']}: failed ({first_line(e)})")
                     continue
-                rows.append(dict(op=f"forward, layer {layer}", **how, slots=1 + n_part + n_out, ms=fwd))
-                rows.append(dict(op=f"backward, layer {layer}", **how, slots=n_out + 2, ms=bwd))
+                rows += [row(ops[0], how, 1 + n_part + n_out, fwd), row(ops[1], how, n_out + 2, bwd)]
+                measured(rows)
     finally:  # the kernels' own choices, as they were, whatever happened
         for name, value in zip(knobs, chosen):
             setattr(kernels, name, value)
-    for r in rows:
-        r["gb_per_s"] = r["slots"] * kv.numel() * kv.element_size() / r["ms"] / 1e6
     print(f"the routing op alone, {L} layers, a slot is {tuple(kv.shape)} {str(dtype)[6:]} "
           f"({kv.numel() * kv.element_size() / 2**20:.1f} MB); median of {args.steps}; tile: columns/warps/outputs a "
           "launch/grad-w split/pack")
@@ -599,13 +608,20 @@ def run_suite(args, argv, out):
         old, routers = kept.get(name, {}), what.split(",")
         results = old.get("results") if isinstance(old.get("results"), list) else []
         done = {r["router"]: r for r in results if whole(r, routers, args)}
-        if what == "kernels" and (old.get("tiles"), old.get("measured")) == (tiles, measured_as(args, True)) \
-                and kernel_rows(old.get("kernels")) or len(done) == len(routers):
-            print(f"{name}: kept from {args.json}")  # (a sweep over other tiles, or none, is timed again)
+        # the routing op's rows, timed as this run times them (a sweep over other tiles, or none, is timed again)
+        timed = what == "kernels" and kernel_rows(old.get("kernels")) and \
+            (old.get("tiles"), old.get("measured")) == (tiles, measured_as(args, True))
+        if timed and old.get("finished") or len(done) == len(routers):
+            print(f"{name}: kept from {args.json}")
             out["suite"].append(old)
-        elif what == "kernels":
-            out["suite"].append(dict(part=name, kernels=measure_kernels(shape, args, args.device), tiles=tiles,
-                                     measured=measured_as(args, True)))
+        elif what == "kernels":  # saved after each tile: a sweep cut short goes on on the same machine
+            part = dict(part=name, machine=machine, tiles=tiles, measured=measured_as(args, True), kernels=[])
+            out["suite"].append(part)
+            part["kernels"] = measure_kernels(
+                shape, args, args.device, old["kernels"] if timed and old.get("machine") == machine else (),
+                lambda rows: part.update(kernels=rows) or save(f"{len(out['suite']) - 1} of {len(SUITE)} parts; of "
+                                                               f"the last, {len(rows) - 1} rows"))
+            part["finished"] = True
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
         else:

@@ -389,6 +389,35 @@ def test_bench_suite_keeps_a_part_by_its_shape_too(tmp_path, capsys, monkeypatch
     assert again[1]["part"] == "t2: kernels" and again[1]["kernels"][-1]["op"] == "backward, layer 2"  # (t2's)
 
 
+def test_bench_suite_goes_on_with_the_routing_op_from_its_last_tile_on_the_same_machine(tmp_path, capsys, monkeypatch):
+    """The routing op's part of --suite (a sweep of many tiles on a GPU) is saved after each layer at each tile: cut
+    short, it goes on from there on the same machine, its earlier rows kept in their place; on another machine it is
+    timed anew, so that its figures come from one."""
+    monkeypatch.setitem(bench.SHAPES, "t1", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                                vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "SUITE", [("t1", "kernels")])
+    path = tmp_path / "suite.json"
+    argv = ["--device", "cpu", "--suite", "--steps", "1", "--json", str(path)]
+    first = bench.main(argv)["suite"][0]
+    assert first["finished"] and [r["op"] for r in first["kernels"]] == [
+        "copy", "forward, layer 0", "backward, layer 0", "forward, layer 1", "backward, layer 1"]
+    assert "wrote {} (0 of 1 parts; of the last, 2 rows)".format(path) in capsys.readouterr().out  # (after layer 0)
+    cut = {**first, "kernels": first["kernels"][:3]}
+    del cut["finished"]  # as a time limit leaves it, after layer 0
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "suite": [cut]}))
+    timed = []
+    time_op = bench.time_op
+    monkeypatch.setattr(bench, "time_op", lambda fn, device, repeats: timed.append(fn) or time_op(fn, device, repeats))
+    again = bench.main(argv)["suite"][0]
+    assert len(timed) == 3 and again["finished"]  # a copy, then layer 1's forward and backward
+    assert again["kernels"][1:3] == json.loads(json.dumps(first["kernels"][1:3])) and len(again["kernels"]) == 5
+    path.write_text(json.dumps({**saved, "suite": [{**cut, "machine": "another"}]}))
+    timed.clear()
+    bench.main(argv)
+    assert len(timed) == 5 and "kept" not in capsys.readouterr().out
+
+
 def test_bench_suite_keeps_the_parts_of_an_earlier_suite_in_its_file(tmp_path, monkeypatch):
     """A --suite file of an earlier SUITE (its routers grouped in other parts: hours of GPU figures) goes on with this
     one's parts, and the earlier parts stay in the file, not dropped by its first write."""
