@@ -69,9 +69,8 @@ SHAPES = {
 # --kernels --sweep: the tiles tried, (columns, warps, outputs per launch, grad-w split, pack): kernels.KNOBS; a
 # column is one (position, value) of a slot. 0 outputs: one launch for all, its loop over tables of addresses. Pack 1
 # only where it packs (kernels.packing: 8 kv heads, not 12), so the 1B GQA sweep times twice the tiles of the 150M
-# one. Not tried: 1024 columns, whose backward spills some 50 KB
-# of registers a thread (ptxas for sm_90, run offline), 2 warps, which spill from 256 columns, or 16 outputs, which
-# the 0 outputs' one launch covers
+# one. Not tried: 1024 columns, whose backward spills some 50 KB of registers a thread (ptxas for sm_90, run
+# offline), 2 warps, which spill from 256 columns, or 16 outputs, which the 0 outputs' one launch covers
 TILES = [(columns, warps, n, split, pack) for columns in (128, 256, 512) for warps in (4, 8) for n in (8, 0)
          for split in (1, 4) for pack in (0, 1)]
 # --suite: the figures the README's Performance section reports, in one run: (shape, the routing op alone or the
