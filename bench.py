@@ -302,6 +302,12 @@ def time_op(fn, device, repeats):
     return 1000 * statistics.median(times[3:])
 
 
+def sweep_tiles(kv):
+    """The tiles of TILES that --sweep times for the routing op of `kv`: one that packs only where that packs (else it
+    is its unpacked twin)."""
+    return [tile for tile in TILES if not tile[-1] or kernels.packing(kv, pack=1) > 1]
+
+
 def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
     """The routing op alone, forward and backward, for `lime`'s first, middle and last layer at the
     shape's slot (one layer's K/V), in slot passes per second next to a plain copy. Bytes counted:
@@ -329,8 +335,8 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
     knobs = ("LOW_PRECISION_DOTS", *kernels.KNOBS)
     chosen = tuple(getattr(kernels, name) for name in knobs)
     choices = [(low, *chosen[1:]) for low in (True, False)] if triton_kernels and dtype == torch.bfloat16 else [chosen]
-    if args.sweep and triton_kernels:  # (a tile that packs where nothing packs would be its unpacked twin)
-        choices = [(chosen[0], *tile) for tile in TILES if kernels.packing(kv, pack=tile[-1]) > 1 or not tile[-1]]
+    if args.sweep and triton_kernels:
+        choices = [(chosen[0], *tile) for tile in sweep_tiles(kv)]
     try:
         for layer in sorted({0, L // 2, L - 1}):  # (each once: a 2-layer model has L // 2 == L - 1)
             n_out = L - layer  # lime: the layer itself and every later one; each has a partial sum unless layer 0

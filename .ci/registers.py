@@ -5,7 +5,7 @@ holds (65536 registers, 64 warps), and so the bytes in flight of a kernel that m
 timing (bench.py --kernels --sweep times them on a GPU).
 
     python .ci/registers.py                          # the kernels' tile, at the 150M (12 kv heads) and 1B GQA (8) slots
-    python .ci/registers.py --sweep --shape 1b       # every tile of bench.TILES, at the 1B GQA slot
+    python .ci/registers.py --sweep --shape 1b       # every tile bench.py's --sweep times, at the 1B GQA slot
     LIME_TILE=256/4/0/4/1 python .ci/registers.py    # one tile, as kernels.py takes it
 
 Needs Triton with its NVIDIA backend (pip's triton, and CUDA builds of torch, bring it, cuobjdump included).
@@ -26,7 +26,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from bench import SHAPES, TILES  # noqa: E402
+from bench import SHAPES, sweep_tiles  # noqa: E402
 
 # among the NVIDIA tools that pip's Triton brings along
 CUOBJDUMP = Path(getattr(kernels.triton, "__file__", ".")).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -85,28 +85,26 @@ def fail(message):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sweep", action="store_true", help="every tile of bench.TILES, not the kernels' own")
+    p.add_argument("--sweep", action="store_true", help="every tile bench.py's --sweep times, not the kernels' own")
     p.add_argument("--shape", choices=("150m", "1b"), help="one slot's kernels only (default: both)")
     args = p.parse_args(argv)
     if kernels.triton is None:
         fail("this Python has no Triton (pip install triton)")
     if not CUOBJDUMP.exists():
         fail(f"this Triton has no NVIDIA backend with its tools ({CUOBJDUMP})")
-    if kernels.TILE and kernels.tile_problem(kernels.TILE):
-        fail(kernels.tile_problem(kernels.TILE))
+    if problem := kernels.setting_problem("cuda"):  # (LIME_TILE's, or LIME_TRITON's)
+        fail(problem)
     from triton.runtime import driver
     driver.set_active(Target())  # (for this process, which launches nothing)
-    tiles = TILES if args.sweep else [tuple(getattr(kernels, name) for name in kernels.KNOBS)]
+    chosen = tuple(getattr(kernels, name) for name in kernels.KNOBS)
     print(f"Triton {kernels.triton.__version__}, sm_90, bf16 K/V, dot operands "
           f"{'bf16' if kernels.LOW_PRECISION_DOTS else 'fp32'}; tile: {'/'.join(kernels.KNOBS)}; registers a thread "
           "(programs a multiprocessor holds), bytes of stack (spills)")
     for shape in [args.shape] if args.shape else ["150m", "1b"]:
         n_kv, E = SHAPES[shape]["n_kv_head"], 2 * SHAPES[shape]["n_embd"] // SHAPES[shape]["n_head"]
         print(f"{shape}: {n_kv} kv heads of {E} values")
-        for tile in tiles:
+        for tile in sweep_tiles(torch.empty(1024, n_kv, E, device="meta")) if args.sweep else [chosen]:
             kernels.__dict__.update(zip(kernels.KNOBS, tile))
-            if args.sweep and tile[-1] and kernels.packing(torch.empty(1024, n_kv, E, device="meta")) == 1:
-                continue  # (nothing packs here: the tile is its unpacked twin)
             row = []
             for which in ("forward", "backward"):
                 registers, spilled = resources(compiled(which, n_kv, E))
