@@ -328,7 +328,10 @@ def _launch_shape(kv, tensors):
     lowp = LOW_PRECISION_DOTS and kv.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
     return dict(NKV=n_kv, E=E, KP=max(16, triton.next_power_of_2(n_kv)), BE=BE, BP=max(1, COLUMNS // BE), G=G,
                 NMAX=NMAX, ALIGNED=all(t.data_ptr() % 16 == 0 for t in tensors),
-                PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS)
+                PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS,
+                # NOTE a * b + c as one rounding (FMA), as the kernels were tested and timed on a GPU: said, not left
+                # to Triton's default, which 3.10 turns off (3.9 warns of it at every first launch)
+                enable_fp_fusion=True)
 
 
 def _split(meta):

@@ -601,6 +601,7 @@ def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one():
     done = subprocess.run([sys.executable, str(path), "--shape", "1b"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "LIME_TILE": "128/4/8/1/1"})  # (TRITON_INTERPRET=1 as the tests set it)
     assert done.returncode == 0, done.stderr
+    assert not done.stderr  # no warning: the kernels say what Triton's defaults would leave open (FP fusion in 3.9)
     lines = done.stdout.splitlines()
     assert lines[1:2] == ["1b: 8 kv heads of 128 values"] and len(lines) == 3, done.stdout
     row = re.fullmatch(r" +128/4/8/1/1  forward +(\d+) \((\d+)\) +(\d+) B   backward +(\d+) \((\d+)\) +(\d+) B",
