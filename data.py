@@ -16,6 +16,7 @@ metrics() for what else it scores (a task's accuracy), and val_sequences() for a
 import math
 import os
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,29 @@ def check_shard(path):
     return int(header[2])
 
 
-def read_shard(path):
-    check_shard(path)
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
+class Shard:
+    """A shard's tokens, read from the file as they are asked for: len(shard), and shard[a:b] as a uint16 array.
+    NOTE not np.memmap: a mapped file cut short under a run (truncated in place) reads as token 0 to the end of its
+    last page, and past it ends the process with SIGBUS, no message.
+    The file stays open, so a shard replaced by another file (renamed over it) reads as the run began."""
+
+    def __init__(self, path):
+        self.path, self.tokens = Path(path), check_shard(path)
+        self.fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+
+    def __len__(self):
+        return self.tokens
+
+    def __getitem__(self, window):
+        start, stop, step = window.indices(self.tokens)
+        assert step == 1, "windows of consecutive tokens"
+        size = 2 * max(0, stop - start)
+        data = os.pread(self.fd, size, HEADER_BYTES + 2 * start)
+        if len(data) < size:
+            raise DataError(f"{self.path}: cut short while this run read it ({HEADER_BYTES + 2 * self.tokens} bytes "
+                            f"when it began, {os.fstat(self.fd).st_size} now): put the shard back as it was")
+        return np.frombuffer(data, dtype="<u2")
 
 
 def shard_paths(data_dir, split):
@@ -85,7 +106,7 @@ def shard_sets(data_dir):
 
 
 def load_tokens(data_dir, split, trained=False):
-    """All shards of one split ('train' or 'val') of a token dataset: {file name: uint16 array}, in name order.
+    """All shards of one split ('train' or 'val') of a token dataset: {file name: Shard}, in name order.
     `trained`: those of a run that read them there, evaluated, and may have been moved since."""
     paths = shard_paths(data_dir, split)
     if not paths:
@@ -95,7 +116,7 @@ def load_tokens(data_dir, split, trained=False):
     if len(sets) > 1:  # NOTE else a run would train on both, and evaluate on the first by name
         raise DataError(f"{data_dir} holds the token shards of {len(sets)} data sets "
                         f"({', '.join(f'{s}_*' for s in sets)}): give each a folder of its own")
-    return {p.name: read_shard(p) for p in paths}
+    return {p.name: Shard(p) for p in paths}
 
 
 class OtherShards(DataError):

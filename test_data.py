@@ -20,8 +20,8 @@ from urllib3.exceptions import ProtocolError
 import prepare_data
 from cli import DataError, failure, hold_folder
 from conftest import error_of, small_encoding, small_model
-from data import (MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, gpt2_encoding, greedy_accuracy,
-                  load_tokens, write_shard)
+from data import (HEADER_BYTES, MAGIC, TaskRows, TokenData, batch_rng, evaluate, evaluate_loss, gpt2_encoding,
+                  greedy_accuracy, load_tokens, write_shard)
 from generation import generate
 
 
@@ -408,6 +408,27 @@ def test_language_windows_predict_the_next_token(tmp_path):
         TokenData(SimpleNamespace(data_dir=str(tmp_path), block_size=40, eval_tokens=80, vocab_size=2000))
 
 
+def test_a_shard_cut_short_under_a_run_is_one_line_and_one_replaced_reads_as_it_began(tmp_path):
+    """Training reads windows from the shards as it goes. A shard truncated in place under it is a DataError that says
+    so (a mapped file read 0s where it was cut within a page, and ended the process with SIGBUS past it); one renamed
+    over (prepare_data.py run again) reads as the run began, so a run's batches stay its own."""
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(100))
+    train = tmp_path / "x_train_000000.bin"
+    write_shard(train, np.arange(1000))
+    cfg = SimpleNamespace(data_dir=str(tmp_path), block_size=8, eval_tokens=32, vocab_size=2000)
+    data = TokenData(cfg)
+    write_shard(train, np.arange(1000) + 1000)  # written beside, then renamed over
+    x, y = data.batch(np.random.default_rng(0), 200)
+    assert x.max() < 1000 and torch.equal(y[:, :-1], x[:, 1:])
+    data = TokenData(cfg)  # (a run that began with the new one)
+    with open(train, "r+b") as f:
+        f.truncate(HEADER_BYTES + 2 * 500)  # half of it gone, in place
+    with pytest.raises(DataError) as e:
+        data.batch(np.random.default_rng(0), 200)
+    assert str(e.value) == f"{train}: cut short while this run read it (3024 bytes when it began, 2024 now): put " \
+        "the shard back as it was"
+
+
 def test_a_diverged_model_has_a_perplexity_of_e_to_the_50_at_most(tmp_path):
     """A loss of 1000 (a run gone wrong) is logged as it is; its perplexity, e^1000, is past a float: capped at e^50."""
     class Sure(torch.nn.Module):  # all on token 0, which no target is
@@ -475,7 +496,7 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2, monkey
     server = serve({"input.txt": text.encode()})
     enc = small_encoding()
     prepare_data.prepare_shakespeare(tmp_path, f"{server.url}/input.txt", enc=enc)
-    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
+    train, val = (tokens[:] for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert train[0] == val[0] == enc.eot_token
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text  # exact round trip
     assert 0.05 < len(val) / (len(train) + len(val)) < 0.15
@@ -486,7 +507,7 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2, monkey
     newer = "Second Citizen:\nWe are accounted poor citizens.\n" * 20
     url = f"{serve({'input.txt': newer.encode()}).url}/input.txt"
     prepare_data.main(["shakespeare", "--data-dir", str(tmp_path), "--url", url, "--overwrite"])
-    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
+    train, val = (tokens[:] for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newer == (tmp_path / "input.txt").read_text()
     # an --overwrite cut short between its two shards leaves none of the old text's: the same command makes both anew
     # from the new text, where it took a shard of each text for the data
@@ -504,7 +525,7 @@ def test_shakespeare_tokenised_into_shards(serve, tmp_path, offline_gpt2, monkey
         prepare_data.prepare_shakespeare(tmp_path, url, enc=enc, overwrite=True)
     monkeypatch.setattr(prepare_data, "write_shard", write_shard)
     prepare_data.prepare_shakespeare(tmp_path, url, enc=enc)
-    train, val = (tokens for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
+    train, val = (tokens[:] for split in ("train", "val") for tokens in load_tokens(tmp_path, split).values())
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == newest
     for shard in tmp_path.glob("*.bin"):
         shard.unlink()
@@ -535,7 +556,7 @@ def test_tiny_shakespeare_is_its_first_90_percent_for_training_and_says_how_many
     """The split is at 90% of the text, and each shard's line counts its tokens (the end-of-text token first)."""
     text, enc = "abcdefghij\n" * 100, small_encoding()
     prepare_data.prepare_shakespeare(tmp_path, f"{serve({'input.txt': text.encode()}).url}/input.txt", enc=enc)
-    train, val = (next(iter(load_tokens(tmp_path, split).values())) for split in ("train", "val"))
+    train, val = (next(iter(load_tokens(tmp_path, split).values()))[:] for split in ("train", "val"))
     assert enc.decode(list(train[1:])) + enc.decode(list(val[1:])) == text and \
         enc.decode(list(val[1:])) == text[int(0.9 * len(text)):]
     assert [line for line in capsys.readouterr().out.splitlines() if line.endswith(" tokens")] == [
