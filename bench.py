@@ -347,7 +347,9 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
                 for name, value in zip(knobs, choice):
                     setattr(kernels, name, value)
                 dots = ("bf16" if choice[0] else "fp32") if dtype == torch.bfloat16 and triton_kernels else "-"
-                how = dict(dots=dots, tile="/".join(map(str, choice[1:])) if triton_kernels else "-")
+                # the tile as it acts on this slot: PACK 0 where nothing packs (LIME_TILE's 1 at 12 kv heads)
+                tile = (*choice[1:-1], int(kernels.packing(kv) > 1))
+                how = dict(dots=dots, tile="/".join(map(str, tile)) if triton_kernels else "-")
                 ops = [f"{op}, layer {layer}" for op in ("forward", "backward")]
                 if all((op, how["dots"], how["tile"]) in earlier for op in ops):
                     rows += [earlier[op, how["dots"], how["tile"]] for op in ops]

@@ -454,6 +454,9 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
     assert "64/8/16/2/0" in printed and "layer 0, tile 48/4/16/1/0: failed (" in printed  # the rest of the sweep timed
     out = bench.main(["--device", "cpu", "--kernels", "--sweep", "--shape", "t", "--steps", "1", "--block-size", "4"])
     assert "32/2/8/1/1" not in {r["tile"] for r in out["kernels"]}  # 4 positions: none packed, no tile timed twice
+    monkeypatch.setattr(bench.kernels, "PACK", 1)  # (as LIME_TILE=.../1 sets it) where nothing packs: labelled 0
+    out = bench.main(["--device", "cpu", "--kernels", "--shape", "t", "--steps", "1", "--block-size", "4"])
+    assert {r["tile"] for r in out["kernels"]} == {"-", "/".join(map(str, chosen[:-1] + [0]))}
     with pytest.raises(Exception, match="power of 2"):  # (not in a sweep: a failure is the run's)
         monkeypatch.setattr(bench.kernels, "COLUMNS", 48)
         bench.main(["--device", "cpu", "--kernels", "--shape", "t", "--steps", "1"])
