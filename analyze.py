@@ -417,6 +417,12 @@ def cmd_curves(args):
     if not args.metric and any(tiers) and not set.intersection(*tiers):
         raise UsageError("these runs share no tier of validation accuracy: give --metric (val_loss, say)")
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest
+    if metric == "step":
+        raise UsageError("--metric step: that is the curves' x axis; give a value the log holds (val_loss, say)")
+    for d in evaluated:  # (read_log holds a val_* value to a number; a fork's other key may hold anything)
+        if fault := next((r for r in read[d][1] if metric in r and not runs.of_kind(r[metric], float)), None):
+            raise DataError(f"{d / 'log.jsonl'}, step {fault['step']}: {metric} is not a number ({fault[metric]!r}), "
+                            "so it draws no curve: give another --metric")
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}
     for (regime, router, preset, steps, (_, apart)), seeds in groups.items():

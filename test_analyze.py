@@ -618,6 +618,22 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
     (tmp_path / "empty" / "config.json").write_text(json.dumps(dict(out_dir="run", router="lime")))
     assert "not a run folder, or a run not started yet" in error_of(analyze.main, ["curves", str(tmp_path / "empty")],
                                                                    capsys, code=1)
+    fork = tmp_path / "fork"  # a fork's own metric, not val_*: what it logs is its own, and may be no number
+    shutil.copytree(dirs[0], fork)
+    rows = (fork / "log.jsonl").read_text().splitlines()[:-1]  # (the cut last line off)
+    for value in (0.5, None, "x", [1], True):
+        evals = [json.loads(r) for r in rows]
+        for r in evals:
+            r.update(bleu=0.5 if r["step"] < 300 else value) if "val_loss" in r else None
+        (fork / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+        args = ["curves", str(fork), "--metric", "bleu", "--out", str(tmp_path / "c.png")]
+        if value == 0.5:
+            assert [m for _, m, _, _ in analyze.main(args)[label.format("lime")]["bleu"]] == [0.5] * 3
+        else:  # was a traceback of mean_sd, or, for true, a curve at 1
+            assert error_of(analyze.main, args, capsys, code=1) == f"analyze.py: error: {fork / 'log.jsonl'}, step " \
+                f"300: bleu is not a number ({value!r}), so it draws no curve: give another --metric"
+    assert error_of(analyze.main, ["curves", str(fork), "--metric", "step"], capsys) == "analyze.py: error: " \
+        "--metric step: that is the curves' x axis; give a value the log holds (val_loss, say)"
 
 
 def test_the_curves_picture_draws_what_is_printed(tmp_path, monkeypatch):
