@@ -39,7 +39,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import distinct, router_forms
-from runs import RUN_FILES, Signals, of_kind, read_summary, run_files
+from runs import RUN_FILES, EvalConfig, Signals, check_config, of_kind, read_summary, run_files
 from tables import by_setting, differences, results_table
 
 # what a grid's --out-dir that another process holds may be, and what to do
@@ -236,6 +236,8 @@ def check_kept(out, router, seed, task, config, args, command):
     what, kept_as = ("a finished run", "a finished run is kept") if finished else \
         ("an unfinished run", "a run goes on from its checkpoint")
     kept = read_json(out / "config.json", keys=("epochs",))
+    # its model, data and task as sample.py reads them (a task of no tiers: not the default regime): the file's fault
+    check_config(kept, out / "config.json", EvalConfig)
     epochs = kept["epochs"]
     if not (of_kind(epochs, float) and 0 < epochs < math.inf):  # (NaN: not a budget of another size, but none)
         raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'epochs' is {epochs!r}")
@@ -243,10 +245,7 @@ def check_kept(out, router, seed, task, config, args, command):
         raise UsageError(f"{out} is {what} of --epochs {epochs:g}, not {args.epochs:g}: {kept_as}, so give another "
                          "--out-dir for another budget")
     # trained on the grid's data: another --train-size (its regime's folder name is the same) is other data
-    try:
-        trained_on = arithmetic.regime(kept["task"]) if kept.get("task") is not None else None  # (older: unrecorded)
-    except (DataError, KeyError, TypeError):
-        raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'task' is {kept['task']!r}") from None
+    trained_on = arithmetic.regime(kept["task"]) if kept.get("task") is not None else None  # (older: unrecorded)
     want = data_of(task, args)
     if trained_on and trained_on != want:
         raise UsageError(f"{out} is {what} on {arithmetic.describe(trained_on)}, not the grid's "
@@ -258,8 +257,8 @@ def check_kept(out, router, seed, task, config, args, command):
     other = differences(kept, config, fitted | ({"warmup_steps"} if config["warmup_epochs"] else set()))
     kept = {"warmup_epochs": 0.0, **kept}  # (an older run's config has none: it had no warm-up in epochs)
     other += ["warmup_epochs"] * (kept["warmup_epochs"] != config["warmup_epochs"])
-    for k in other:  # a value of another kind than the flag's is the file's fault, not the command's
-        if None not in (kept.get(k), config[k]) and not of_kind(kept[k], type(config[k])):
+    for k in other:  # a value of another kind than the flag's (a null for a number) is the file's fault, not the flags'
+        if k in kept and config[k] is not None and not of_kind(kept[k], type(config[k])):
             raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
     if other:
         raise UsageError(f"{out} is {what} of {', '.join(f'{k} {shown(kept.get(k))}' for k in other)}, not "

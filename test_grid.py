@@ -81,11 +81,19 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     assert snapshot(regime) == before and not (tmp_path / "data48").exists()
     lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
     config = json.loads((lime / "config.json").read_text())
-    for key, value in [("epochs", "0.5"), ("epochs", math.nan), ("epochs", -1.0), ("lr", "x"), ("n_layer", "2"),
-                       ("task", {"tiers": "2"}), ("task", "x"), ("task", [])]:  # (a task not read as the default)
+    for key, value in [("epochs", "0.5"), ("epochs", math.nan), ("epochs", -1.0), ("lr", "x"), ("lr", None),
+                       ("warmup_epochs", None)]:  # (a null: was a run of other flags, exit 2)
         (lime / "config.json").write_text(json.dumps({**config, key: value}))
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
+    for key, value, says in [("n_layer", "2", "n_layer must be an integer, got '2'"),  # (as sample.py reads them)
+                             ("task", {}, "task: it names no tiers"),  # (was: a run of the default regime, exit 2)
+                             ("task", {"tiers": "2"}, "task: tiers must be a list of whole numbers, got '2'"),
+                             ("task", "x", "task must be a dict, got 'x'"),
+                             ("task", [], "task must be a dict, got []")]:
+        (lime / "config.json").write_text(json.dumps({**config, key: value}))
+        assert error_of(grid.main, args, capsys, code=1) == \
+            f"grid.py: error: {lime / 'config.json'}: in its saved config, {says}"
     (lime / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "warmup_epochs"}))
     assert f"{lime} is a finished run of warmup_epochs 0.0, not 0.2: a finished run is kept" in \
         error_of(grid.main, [*args, "--warmup-epochs=0.2"], capsys)  # (an older run's config: no warm-up in epochs)
