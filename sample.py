@@ -39,6 +39,8 @@ class Codec:
 
     def __init__(self, cfg):
         self.arithmetic, self.prosqa = cfg.data == "arithmetic", cfg.data == "prosqa"
+        if self.arithmetic or self.prosqa:  # (a file there: not "no data, make it", which prepare_data.py refuses)
+            runs.check_data_dir(cfg)
         if self.arithmetic:
             self.vocab, self.splits, self.task, self.meta = arithmetic.load(cfg.data_dir, cfg.task)
             self.stop, self.data_dir = self.vocab.eos, Path(cfg.data_dir)

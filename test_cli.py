@@ -880,8 +880,9 @@ BAD_INPUTS = [
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--seed", "1337"], 2,  # at its default: refused too
      "without sampling: not with --seed"),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--data-dir", str(t / "missing")], 1, "no arithmetic data in"),
-    ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "notes.md")], 2,
-     "notes.md is not a folder: give --data-dir"),
+    # a file for the data's folder, scored or sampled from: not "no data there, rebuild it", which prepare_data refuses
+    *(("sample", lambda a, r, t, flags=flags: ["--out-dir", str(r), *flags, "--data-dir", str(t / "notes.md")], 2,
+       "notes.md is not a folder: give --data-dir") for flags in (["--eval"], [])),
     ("sample", lambda a, r, t: ["--out-dir", str(r), "--eval", "--data-dir", str(t / "missing")], 1,
      "no arithmetic data in"),
     ("prepare_data", lambda a, r, t: ["arithmetic", "--data-dir", str(t / "notes.md")], 2, "is a file, not a folder"),
