@@ -39,7 +39,7 @@ from pathlib import Path
 
 import arithmetic
 from methods import distinct, router_forms
-from runs import RUN_FILES, EvalConfig, Signals, check_config, of_kind, read_summary, run_files
+from runs import RUN_FILES, EvalConfig, Signals, check_config, of_kind, read_log, read_summary, run_files
 from tables import by_setting, differences, results_table
 
 # what a grid's --out-dir that another process holds may be, and what to do
@@ -223,8 +223,8 @@ def named(argv, flags):
 def check_kept(out, router, seed, task, config, args, command):
     """A run the grid keeps (finished) or goes on with (its checkpoint: --resume) has to be readable, this run, of
     this budget, data and flags (`config`: what train.py makes of them; `command`: the run's): else a line now, not a
-    run refused (or a table of runs of another setting) later. A run that has neither is started over: nothing to
-    check."""
+    run refused (or a table of runs of another setting) later. A run that has neither is started over, or refused as
+    it is launched (going_on): nothing to check."""
     finished = (out / "summary.json").exists()
     if not finished and not ((out / "ckpt.pt").exists() and (out / "config.json").exists()):
         return
@@ -303,8 +303,20 @@ def going_on(out):
     hand there meanwhile may have saved a checkpoint, or finished it: then an --overwrite would delete it)."""
     if (out / "ckpt.pt").exists():
         return ["--resume"]
+    # NOTE a run that evaluated had a checkpoint (train.py saves one with each evaluation), removed since (to save disk,
+    # say): its log holds its curves, not the grid's to delete. train.py's own line says what to do
+    if evaluated(out):
+        return []
     # started, but killed before its first checkpoint: nothing to keep (a name that is not a file: train.py's line)
     return ["--overwrite"] if any((out / name).exists() for name in RUN_FILES) else []
+
+
+def evaluated(out):
+    """Whether the log of the run in `out` holds an evaluation, or cannot be read (then not the grid's to delete)."""
+    try:
+        return (out / "log.jsonl").exists() and any("val_loss" in row for row in read_log(out / "log.jsonl")[0])
+    except DataError:
+        return True
 
 
 def launch(cmd, log, env):

@@ -122,6 +122,15 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     (lime / "ckpt.pt").write_bytes(b"")  # train.py's exit code too: 1, the folder's fault, not the command's
     assert error_of(grid.main, args, capsys, code=1) == f"grid.py: error: train.py, as the grid runs it: --resume: " \
         f"{lime / 'ckpt.pt'} is empty (cut short while it was written?)"
+    # removed by hand (the summary too): the log holds the run's evaluations, its curves, which the grid deleted as it
+    (lime / "ckpt.pt").unlink()  # started the run over (--overwrite); train.py alone refuses, and so does the grid now
+    before = {p: b for p, b in snapshot(lime).items() if p.name != "train.out"}
+    assert error_of(grid.main, args, capsys, code=1) == "grid.py: error: 1 run(s) failed: mod11-answer-operators-2-3 " \
+        "lime seed 1 (see train.out in each); once the cause is mended, run the same command again to go on"
+    assert {p: b for p, b in snapshot(lime).items() if p.name != "train.out"} == before
+    assert (lime / "train.out").read_text().endswith(f"train.py: error: {lime} already holds a run (log.jsonl, "
+                                                     "config.json) with no checkpoint to resume from: start over with "
+                                                     "--overwrite, or give another --out-dir\n")
 
 
 def test_grid_runs_each_seed_of_each_router(tmp_path, train_in_this_process, monkeypatch):
