@@ -124,6 +124,8 @@ def parse_router(spec):
         stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
         stems = {n.removesuffix("-J").lower(): n for n in known}  # (a name that differs in case or a letter)
         near = [stems[s] for s in difflib.get_close_matches(str(spec).lower(), stems, n=1)]
+        if near:  # as a --router value: with the J given, else the default J's bare name, else an example J
+            near = [near[0].replace("-J", f"-{m[2]}" if m[2] else "" if known[near[0]].J else "-4")]
         why = (f"{stem} takes no -J" if stem in known and stem != spec else f"e.g. {stem}-4"
                if f"{stem}-J" in known else f"did you mean {near[0]}?" if near else "a method of your own joins them "
                "once its module is in methods.MODULES and its class states a name of its own (name = ...)")
@@ -225,7 +227,8 @@ def require_initialised(methods):
     yield
     for method, name, p in own:
         if not p.is_meta and p.isnan().any():  # e.g. a router whose weights() is not the Parameter itself
-            raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights()")
+            raise ValueError(f"nothing gives {method}.{name} an initial value: define {method}.init_weights() (a value "
+                             "given in __init__ is not kept: the model's init_weights sets every weight anew)")
 
 
 def router_forms(where=None):

@@ -715,7 +715,8 @@ OWN = "a method of your own joins them once its module is in methods.MODULES and
 
 @pytest.mark.parametrize("bad, why", [  # (the forms as router_forms writes them, last-J, are not values)
     ("first-0", "e.g. first-4"), ("last-x", "e.g. last-4"), ("lime2", "did you mean lime?"), ("", OWN),
-    ("last-", "e.g. last-4"), ("first--1", "did you mean first-J?"), ("LIME", "did you mean lime?"),
+    ("last-", "e.g. last-4"), ("first--1", "did you mean first-1?"), ("LIME", "did you mean lime?"),
+    ("lst", "did you mean last-4?"), ("hcc", "did you mean hc?"), ("hc_static-2", "did you mean hc-static-2?"),
     ("previous", OWN), ("first-01", "e.g. first-4"), ("last-J", "e.g. last-4"), ("hc-J", "e.g. hc-4"),
     ("lime-4", "lime takes no -J"), ("dwa-2", "dwa takes no -J"), ("last", "e.g. last-4"),
     ("hc-static-0", "e.g. hc-static-4")])
@@ -1150,7 +1151,8 @@ def test_what_the_defaults_cannot_reach(scratch_registry, answer_dir, tmp_path):
     assert all(not r.mix.weight.any() and not r.mix.bias.any() and torch.equal(r.weight[:, -1], torch.ones(2))
                for r in model.routers[1:])
     with pytest.raises(ValueError, match=re.escape("nothing gives Shared.weight an initial value: define "
-                                                   "Shared.init_weights()")):
+                                                   "Shared.init_weights() (a value given in __init__ is not kept: the "
+                                                   "model's init_weights sets every weight anew)")):
         small_model("test-shared")
     with pytest.raises(ValueError, match=re.escape("nothing gives Partly.weight an initial value")):
         small_model("test-partly")  # the weights of the other layers it reads are still unset
