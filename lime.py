@@ -9,21 +9,26 @@ of every (layer, head) pair up to and including itself:
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
 R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers per layer, 0.007% of the 150M model's
-parameters. It starts as the identity on the layer's own heads and Kaiming-uniform on the earlier
+parameters. (The paper's Eq. 2 writes R^(l)_{l', h', h} over layers counted from 1 and H heads; here layers count
+from 0, the index is [target head, source layer, source head], and the heads mixed are the n_kv_head K/V heads, as in
+the paper's code with grouped-query attention. Its Appendix A trains R at lr 1e-2 without weight decay: train.py's
+--router-lr.) It starts as the identity on the layer's own heads and Kaiming-uniform on the earlier
 layers' (whose share then has about l/(l+1) of the own K/V's variance: a fresh LIMe model is not
 LLaMA). Keys and values share one router; queries are untouched.
 Routing mixes vectors at one position, and RoPE rotates every head at a position alike, so the two
 commute. We route before RoPE; the KV cache holds each layer's routed, rotated K/V, so it is a
-normal cache's size (generation.py).
+normal cache's size (generation.py): routing never mixes positions, so a past position's routed K/V never changes.
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router`: how a layer reads the K/V of earlier layers; one subclass per --router value. Here `lime`
     (the paper's) and `none` (LLaMA); ablations.py, baselines.py and a fork (README "Fork it") add more
     subclasses, of Router or of `Residual` (the stream between sub-layers). methods.py registers them by name.
-  * `Routing`: carries K/V from layer to layer, for most routers through kernels.py's op: one per layer,
-    kept by torch.compile in its single graph. The op saves each layer's K/V once: O(L) memory, where
-    autograd through a stack per layer (the paper's code) takes O(L^2).
+  * `Routing`: carries K/V from layer to layer. Most routers are *pushed*: as soon as layer j has its K/V,
+    one op (kernels.py, kept by torch.compile in its single graph) adds j's share R^(t)[:, j] kv[j] to the
+    running sum, the *partial*, of every later layer t that reads j, and finishes j's own kv~[j]. The op saves
+    each layer's K/V once: O(L) memory, where autograd through a stack per layer (the paper's code) takes
+    O(L^2). A few are *pulled*: layer l gathers its sources' K/V and applies the formula itself.
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
   * `GPT.routing_weights()`, `num_params()` and `estimate_flops()` for analysis. GPT has no generate():
     generation.py's `generate(model, ...)` runs it with a KV cache.
@@ -98,9 +103,11 @@ class Router(Method):
     """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
     subclass that says three things (and sets the flags `per_token`, `keys` below where they apply):
 
-      name              its --router value, as methods.Method says (last-J: last-4)
+      name              its --router value, as methods.Method says (one ending in -J takes a number, J:
+                        ablations.py's `last-J` is --router=last-4, the 4 most recent layers)
       source_layers()   the layers it reads: distinct, ascending, itself last (by default all up to itself)
-      weights(x)        its weights, the one place they are stated (by default the tensor `weight`):
+      weights(x)        its weights, the one place they are stated (by default the tensor `weight`, which the
+                        subclass then makes):
                           (n_kv, n_src, n_kv)  weight[h, j, h']: from head h' of source j into head h, or
                           (n_kv, n_src)        weight[h, j]: from head h of source j into head h (no mixing).
                         A `per_token` router (ablations.py's `dynamic`) returns (B, T, n_kv, n_src) for the
@@ -151,8 +158,9 @@ class Router(Method):
 
 
 class Own(Router):
-    """Fixed, equal weights over the sources, within each head. Here the one source is the layer itself: `none`,
-    the LLaMA baseline (GPT skips routing for it), and layer 0 (nothing earlier to read) in every mode that routes."""
+    """The layer's own K/V alone, weight 1 in each head (kv~[l] = kv[l]): `none`, the LLaMA baseline (GPT skips
+    routing for it), and layer 0 (nothing earlier to read) in every mode that routes. Written as equal weights
+    within each head over its sources, so that ablations.py's `average` is this class reading every layer."""
     name = "none"
 
     def __init__(self, config, layer, J=None):
@@ -212,6 +220,9 @@ class Routing:
         # NOTE a pulled layer still pushes into its readers (a fork's router may pull at some layers only): else their
         # sums would silently lack its share
         targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
+        # three cases: pushed (lime, first-J, last-J, average): the op finishes this layer's sum, returned as is;
+        # pulled (per-token, values only, reference): push into the readers, then gather own[j] and route here;
+        # layer 0 read by no pushed layer: its own K/V
         if targets == [layer] and type(router) is Own:  # (Own itself, not a subclass: it reads [layer] at weight 1)
             return kv  # layer 0 read by no pushed layer (dynamic, value-residual): its own K/V, no op, no copy
         outs = self.push(layer, kv, targets) if targets else {}
@@ -238,11 +249,11 @@ class Routing:
     @staticmethod
     def readers_of(routers):
         """Layer j -> the later layers that take its push: those that read it and are not pulled (ascending)."""
-        targets = [[] for _ in routers]
+        readers = [[] for _ in routers]
         for r in routers:  # ascending, so each list is too
             for j in [] if r.pulled else r.sources[:-1]:  # (sources[-1]: the layer itself)
-                targets[j].append(r.layer)
-        return targets
+                readers[j].append(r.layer)
+        return readers
 
     def pull(self, router, kvs, x):
         """kvs: the K/V (B, T, n_kv, E) of router.sources, in order -> the routed K/V of the router's layer."""
@@ -289,8 +300,8 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
         kv = self.c_kv(x).view(B, T, self.n_kv_head, 2 * self.head_dim)  # (B, T, n_kv, 2*head_dim)
-        if routing is not None:
-            kv = routing(self.layer, kv, x)  # the routed K/V, same shape
+        if routing is not None:  # LIMe: kv~[l] = sum over sources j and heads h' of R^(l)[:, j, h'] kv[j][h']
+            kv = routing(self.layer, kv, x)  # the routed K/V, same shape (x: a per-token router's input)
         # split before transposing, so the gradient that reaches the routing comes back contiguous
         k, v = (t.transpose(1, 2) for t in kv.split(self.head_dim, dim=-1))  # each (B, n_kv, T, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -382,7 +393,8 @@ class GPT(nn.Module):
             (NOTE so two in a row, Linear-Tanh-Linear, would never learn: such a router sets its own);
           - RMSNorm gains: one;
           - learned routers (weights() a Parameter, its own Linear's too): the identity on the layer's own
-            heads, Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere, fan_in = (l + 1) n_kv (NOTE the
+            heads, Kaiming-uniform U(-b, b), b = sqrt(3 / fan_in), elsewhere, fan_in the sources one head reads,
+            (l + 1) n_kv for `lime` (n_src n_kv for first-J, last-J; n_src within each head) (NOTE the
             paper's Appendix E prints sqrt(3 / (l + 1) * n_kv), which Python would evaluate as sqrt(3 n_kv / (l + 1));
             we read it as the authors' public code does, the Kaiming bound over the (l + 1) n_kv sources);
           - last, each method's own init_weights() if any (baselines.py's, a fork's, a router's), over all that."""
