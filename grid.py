@@ -223,9 +223,12 @@ def named(argv, flags):
 def check_kept(out, router, seed, task, config, args, command):
     """A run the grid keeps (finished) or goes on with (its checkpoint: --resume) has to be readable, this run, of
     this budget, data and flags (`config`: what train.py makes of them; `command`: the run's): else a line now, not a
-    run refused (or a table of runs of another setting) later. A run that has neither is started over, or refused as
-    it is launched (going_on): nothing to check."""
+    run refused (or a table of runs of another setting) later. A run that has neither is started over (going_on),
+    unless its log holds an evaluation."""
     finished = (out / "summary.json").exists()
+    if not finished and not (out / "ckpt.pt").exists() and evaluated(out):  # (as train.py, run by hand, refuses it)
+        raise UsageError(f"{out} holds a run that evaluated (its log.jsonl) but no checkpoint to go on from: move it "
+                         "away for the grid to train it anew, or give another --out-dir")
     if not finished and not ((out / "ckpt.pt").exists() and (out / "config.json").exists()):
         return
     if finished:
@@ -245,7 +248,10 @@ def check_kept(out, router, seed, task, config, args, command):
         raise UsageError(f"{out} is {what} of --epochs {epochs:g}, not {args.epochs:g}: {kept_as}, so give another "
                          "--out-dir for another budget")
     # trained on the grid's data: another --train-size (its regime's folder name is the same) is other data
-    trained_on = arithmetic.regime(kept["task"]) if kept.get("task") is not None else None  # (older: unrecorded)
+    try:
+        trained_on = arithmetic.regime(kept["task"]) if kept.get("task") is not None else None  # (older: unrecorded)
+    except (DataError, KeyError, TypeError):  # (a regime's every field: check_config reads the tiers alone)
+        raise DataError(f"{out / 'config.json'} is not what this repo writes: its 'task' is {kept['task']!r}") from None
     want = data_of(task, args)
     if trained_on and trained_on != want:
         raise UsageError(f"{out} is {what} on {arithmetic.describe(trained_on)}, not the grid's "
@@ -258,7 +264,9 @@ def check_kept(out, router, seed, task, config, args, command):
     kept = {"warmup_epochs": 0.0, **kept}  # (an older run's config has none: it had no warm-up in epochs)
     other += ["warmup_epochs"] * (kept["warmup_epochs"] != config["warmup_epochs"])
     for k in other:  # a value of another kind than the flag's (a null for a number) is the file's fault, not the flags'
-        if k in kept and config[k] is not None and not of_kind(kept[k], type(config[k])):
+        # (a null for a dict or list is none given: a run from scratch has init_source null, as with its prunings)
+        if k in kept and config[k] is not None and not of_kind(kept[k], type(config[k])) and \
+                (kept[k] is not None or not isinstance(config[k], (dict, list))):
             raise DataError(f"{out / 'config.json'} is not what this repo writes: its {k!r} is {kept[k]!r}")
     if other:
         raise UsageError(f"{out} is {what} of {', '.join(f'{k} {shown(kept.get(k))}' for k in other)}, not "
@@ -304,7 +312,8 @@ def going_on(out):
     if (out / "ckpt.pt").exists():
         return ["--resume"]
     # NOTE a run that evaluated had a checkpoint (train.py saves one with each evaluation), removed since (to save disk,
-    # say): its log holds its curves, not the grid's to delete. train.py's own line says what to do
+    # say): its log holds its curves, not the grid's to delete. check_kept refused it; one that became so meanwhile
+    # is left to train.py's own line
     if evaluated(out):
         return []
     # started, but killed before its first checkpoint: nothing to keep (a name that is not a file: train.py's line)

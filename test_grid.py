@@ -82,7 +82,8 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
     lime, none = regime / "lime-seed1", regime / "none-seed1"  # damaged by hand: kept runs are checked, not trusted
     config = json.loads((lime / "config.json").read_text())
     for key, value in [("epochs", "0.5"), ("epochs", math.nan), ("epochs", -1.0), ("lr", "x"), ("lr", None),
-                       ("warmup_epochs", None)]:  # (a null: was a run of other flags, exit 2)
+                       ("warmup_epochs", None),  # (a null: was a run of other flags, exit 2)
+                       ("task", {"tiers": [2, 3]}), ("task", {**config["task"], "seed": "x"})]:  # (not a regime)
         (lime / "config.json").write_text(json.dumps({**config, key: value}))
         assert error_of(grid.main, args, capsys, code=1).endswith(
             f"{lime / 'config.json'} is not what this repo writes: its {key!r} is {value!r}")
@@ -94,6 +95,11 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         (lime / "config.json").write_text(json.dumps({**config, key: value}))
         assert error_of(grid.main, args, capsys, code=1) == \
             f"grid.py: error: {lime / 'config.json'}: in its saved config, {says}"
+    (lime / "config.json").write_text(json.dumps(config))
+    shutil.copytree(lime, tmp_path / "source")  # a run to start from: the kept one was trained from scratch
+    lime_only = [a if a != "lime,none,lime" else "lime" for a in args] + [f"--init-from={tmp_path / 'source'}"]
+    assert error_of(grid.main, lime_only, capsys).startswith(  # (not a damaged file: a null init_source is none)
+        f"grid.py: error: {lime} is a finished run of init_from '', init_source None, not '{tmp_path / 'source'}', {{")
     (lime / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "warmup_epochs"}))
     assert f"{lime} is a finished run of warmup_epochs 0.0, not 0.2: a finished run is kept" in \
         error_of(grid.main, [*args, "--warmup-epochs=0.2"], capsys)  # (an older run's config: no warm-up in epochs)
@@ -124,13 +130,11 @@ def test_grid_trains_every_router_and_seed_and_keeps_finished_runs(tmp_path, cap
         f"{lime / 'ckpt.pt'} is empty (cut short while it was written?)"
     # removed by hand (the summary too): the log holds the run's evaluations, its curves, which the grid deleted as it
     (lime / "ckpt.pt").unlink()  # started the run over (--overwrite); train.py alone refuses, and so does the grid now
-    before = {p: b for p, b in snapshot(lime).items() if p.name != "train.out"}
-    assert error_of(grid.main, args, capsys, code=1) == "grid.py: error: 1 run(s) failed: mod11-answer-operators-2-3 " \
-        "lime seed 1 (see train.out in each); once the cause is mended, run the same command again to go on"
-    assert {p: b for p, b in snapshot(lime).items() if p.name != "train.out"} == before
-    assert (lime / "train.out").read_text().endswith(f"train.py: error: {lime} already holds a run (log.jsonl, "
-                                                     "config.json) with no checkpoint to resume from: start over with "
-                                                     "--overwrite, or give another --out-dir\n")
+    before = snapshot(regime)
+    assert error_of(grid.main, args, capsys) == f"grid.py: error: {lime} holds a run that evaluated (its log.jsonl) " \
+        "but no checkpoint to go on from: move it away for the grid to train it anew, or give another --out-dir"
+    assert snapshot(regime) == before
+    assert grid.going_on(lime) == []  # (as the grid launches a run: one that became so meanwhile, left to train.py)
 
 
 def test_grid_runs_each_seed_of_each_router(tmp_path, train_in_this_process, monkeypatch):
