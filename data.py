@@ -80,19 +80,27 @@ class Shard:
         self.path, self.tokens = Path(path), check_shard(path)
         self.fd = os.open(path, os.O_RDONLY)
         weakref.finalize(self, os.close, self.fd)
+        if os.fstat(self.fd).st_size != HEADER_BYTES + 2 * self.tokens:  # (replaced between its check and here)
+            raise self.cut_short()
 
     def __len__(self):
         return self.tokens
 
     def __getitem__(self, window):
-        start, stop, step = window.indices(self.tokens)
-        assert step == 1, "windows of consecutive tokens"
-        size = 2 * max(0, stop - start)
-        data = os.pread(self.fd, size, HEADER_BYTES + 2 * start)
-        if len(data) < size:
-            raise DataError(f"{self.path}: cut short while this run read it ({HEADER_BYTES + 2 * self.tokens} bytes "
-                            f"when it began, {os.fstat(self.fd).st_size} now): put the shard back as it was")
+        if not isinstance(window, slice) or window.step not in (None, 1):
+            raise TypeError(f"a shard is read in windows of consecutive tokens, shard[a:b], not [{window!r}]")
+        start, stop, _ = window.indices(self.tokens)
+        size, data = 2 * max(0, stop - start), b""
+        while len(data) < size:  # (one read returns 2 GB at most)
+            chunk = os.pread(self.fd, size - len(data), HEADER_BYTES + 2 * start + len(data))
+            if not chunk:  # past the file's end
+                raise self.cut_short()
+            data += chunk
         return np.frombuffer(data, dtype="<u2")
+
+    def cut_short(self):
+        return DataError(f"{self.path}: cut short while this run read it ({HEADER_BYTES + 2 * self.tokens} bytes "
+                         f"when it began, {os.fstat(self.fd).st_size} now): put the shard back as it was")
 
 
 def shard_paths(data_dir, split):

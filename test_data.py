@@ -408,7 +408,7 @@ def test_language_windows_predict_the_next_token(tmp_path):
         TokenData(SimpleNamespace(data_dir=str(tmp_path), block_size=40, eval_tokens=80, vocab_size=2000))
 
 
-def test_a_shard_cut_short_under_a_run_is_one_line_and_one_replaced_reads_as_it_began(tmp_path):
+def test_a_shard_cut_short_under_a_run_is_one_line_and_one_replaced_reads_as_it_began(tmp_path, monkeypatch):
     """Training reads windows from the shards as it goes. A shard truncated in place under it is a DataError that says
     so (a mapped file read 0s where it was cut within a page, and ended the process with SIGBUS past it); one renamed
     over (prepare_data.py run again) reads as the run began, so a run's batches stay its own."""
@@ -421,6 +421,13 @@ def test_a_shard_cut_short_under_a_run_is_one_line_and_one_replaced_reads_as_it_
     x, y = data.batch(np.random.default_rng(0), 200)
     assert x.max() < 1000 and torch.equal(y[:, :-1], x[:, 1:])
     data = TokenData(cfg)  # (a run that began with the new one)
+    pread = os.pread  # a read returns at most 2 GB on Linux, less than a shard may hold: read on until the window ends
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: pread(fd, min(n, 7), at))
+    assert data.train[0][995:1200].tolist() == list(range(1995, 2000)) and len(data.train[0][5:5]) == 0
+    monkeypatch.undo()
+    for bad in (3, slice(0, 10, 2)):  # (a step was an assert, gone under python -O)
+        with pytest.raises(TypeError, match=re.escape("a shard is read in windows of consecutive tokens, shard[a:b]")):
+            data.train[0][bad]
     with open(train, "r+b") as f:
         f.truncate(HEADER_BYTES + 2 * 500)  # half of it gone, in place
     with pytest.raises(DataError) as e:
