@@ -419,18 +419,21 @@ def cmd_curves(args):
     metric = args.metric or (f"val_acc_{max(set.intersection(*tiers))}" if any(tiers) else "val_loss")  # hardest
     if metric == "step":
         raise UsageError("--metric step: that is the curves' x axis; give a value the log holds (val_loss, say)")
-    for d in evaluated:  # (read_log holds a val_* value to a number; a fork's other key may hold anything)
-        if fault := next((r for r in read[d][1] if metric in r and not runs.of_kind(r[metric], float)), None):
+    for d in evaluated:  # (read_log holds a val_* value to a number; a fork's other key may hold anything: a null,
+        # where it was not measured, draws nothing at that step)
+        if fault := next((r for r in read[d][1] if r.get(metric) is not None and not runs.of_kind(r[metric], float)),
+                         None):
             raise DataError(f"{d / 'log.jsonl'}, step {fault['step']}: {metric} is not a number ({fault[metric]!r}), "
                             "so it draws no curve: give another --metric")
     metrics = list(dict.fromkeys([metric, "val_loss"]))
     curves = {}
     for (regime, router, preset, steps, (_, apart)), seeds in groups.items():
         label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps", apart) if x)
-        common = sorted(set.intersection(*({r["step"] for r in rows if metric in r} for rows in seeds)))
+        common = sorted(set.intersection(*({r["step"] for r in rows if r.get(metric) is not None} for rows in seeds)))
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
-        at = [{r["step"]: r for r in rows if metric in r} for rows in seeds]  # (a step logged twice: its row with it)
+        # (a step logged twice: its row with the metric)
+        at = [{r["step"]: r for r in rows if r.get(metric) is not None} for rows in seeds]
         curves[label] = {m: [(step, *tables.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
                          for m in metrics}
     for i, (label, c) in enumerate(curves.items()):

@@ -627,8 +627,9 @@ def test_curves_average_the_seeds_at_the_steps_they_all_have_evaluated(tmp_path,
             r.update(bleu=0.5 if r["step"] < 300 else value) if "val_loss" in r else None
         (fork / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
         args = ["curves", str(fork), "--metric", "bleu", "--out", str(tmp_path / "c.png")]
-        if value == 0.5:
-            assert [m for _, m, _, _ in analyze.main(args)[label.format("lime")]["bleu"]] == [0.5] * 3
+        if value in (0.5, None):  # a null: not measured at that step, drawn at the others (was a traceback)
+            assert [(s, m) for s, m, _, _ in analyze.main(args)[label.format("lime")]["bleu"]] == \
+                [(100, 0.5), (200, 0.5), (300, 0.5)][:3 if value else 2]
         else:  # was a traceback of mean_sd, or, for true, a curve at 1
             assert error_of(analyze.main, args, capsys, code=1) == f"analyze.py: error: {fork / 'log.jsonl'}, step " \
                 f"300: bleu is not a number ({value!r}), so it draws no curve: give another --metric"
