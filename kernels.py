@@ -330,7 +330,7 @@ def _launch_shape(kv, tensors):
                 NMAX=NMAX, ALIGNED=all(t.data_ptr() % 16 == 0 for t in tensors),
                 PREC="ieee" if kv.dtype == torch.float32 else "tf32", LOWP=lowp, num_warps=NUM_WARPS,
                 # NOTE a * b + c as one rounding (FMA), as the kernels were tested and timed on a GPU: said, not left
-                # to Triton's default, which 3.10 turns off (3.9 warns of it at every first launch)
+                # to Triton's default, which 3.10 turns off (3.9 warns of it once, as a process first compiles one)
                 enable_fp_fusion=True)
 
 

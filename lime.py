@@ -221,8 +221,8 @@ class Routing:
         # sums would silently lack its share
         targets = [] if self.reference else self.readers[layer] + ([] if pulled else [layer])
         # three cases: pushed (lime, first-J, last-J, average): the op finishes this layer's sum, returned as is;
-        # pulled (per-token, values only, reference): push into the readers, then gather own[j] and route here;
-        # layer 0 read by no pushed layer: its own K/V
+        # pulled (per-token, values only): push into the readers, then gather own[j] and route here (with
+        # reference=True nothing is pushed: every layer pulls); layer 0 read by no pushed layer: its own K/V
         if targets == [layer] and type(router) is Own:  # (Own itself, not a subclass: it reads [layer] at weight 1)
             return kv  # layer 0 read by no pushed layer (dynamic, value-residual): its own K/V, no op, no copy
         outs = self.push(layer, kv, targets) if targets else {}

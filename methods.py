@@ -123,7 +123,7 @@ def parse_router(spec):
         forms = router_forms()
         stem = str(spec).rsplit("-", 1)[0]  # 'lime' of 'lime-4', 'last' of 'last-0' and of 'last'
         stems = {n.removesuffix("-J").lower(): n for n in known}  # (a name that differs in case or a letter)
-        near = [stems[s] for s in difflib.get_close_matches(str(spec).lower(), stems, n=1)]
+        near = [stems[s] for s in difflib.get_close_matches(m[1].lower(), stems, n=1)]  # (the name, its J aside)
         if near:  # as a --router value: with the J given, else the default J's bare name, else an example J
             near = [near[0].replace("-J", f"-{m[2]}" if m[2] else "" if known[near[0]].J else "-4")]
         why = (f"{stem} takes no -J" if stem in known and stem != spec else f"e.g. {stem}-4"

@@ -717,6 +717,7 @@ OWN = "a method of your own joins them once its module is in methods.MODULES and
     ("first-0", "e.g. first-4"), ("last-x", "e.g. last-4"), ("lime2", "did you mean lime?"), ("", OWN),
     ("last-", "e.g. last-4"), ("first--1", "did you mean first-1?"), ("LIME", "did you mean lime?"),
     ("lst", "did you mean last-4?"), ("hcc", "did you mean hc?"), ("hc_static-2", "did you mean hc-static-2?"),
+    ("hcc-2", "did you mean hc-2?"),
     ("previous", OWN), ("first-01", "e.g. first-4"), ("last-J", "e.g. last-4"), ("hc-J", "e.g. hc-4"),
     ("lime-4", "lime takes no -J"), ("dwa-2", "dwa takes no -J"), ("last", "e.g. last-4"),
     ("hc-static-0", "e.g. hc-static-4")])
