@@ -602,11 +602,13 @@ def run_suite(args, argv, out):
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
               file=sys.stderr)
     machine = machine_of(args.device)  # (several GPUs of one kind may take turns: a part's ratios come from one)
-    out["suite"] = []
+    out["suite"], failed = [], []
 
     def save(what):
-        if args.json:
-            write_json(args, {**out, "suite": out["suite"] + others})
+        if args.json:  # NOTE with the parts of the file not reached yet: a run cut short before them keeps them
+            reached = {part["part"] for part in out["suite"]}
+            ahead = [kept[name] for name in names if name in kept and name not in reached]
+            write_json(args, {**out, "suite": out["suite"] + ahead + others})
             print(f"wrote {args.json} ({what})")
 
     for name, (shape_name, what) in zip(names, SUITE):
@@ -639,13 +641,21 @@ def run_suite(args, argv, out):
                     print(f"  {router}: kept from {args.json}")
                     part["results"].append(done[router])
                 else:
-                    part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
+                    try:
+                        part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
+                    except RuntimeError as e:  # NOTE (out of memory, say) the suite goes on: its other parts
+                        failed.append(f"{name}: {router} ({first_line(e)})")  # are not held up behind this one
+                        print(f"  {router}: failed; the suite goes on, and a run again measures it anew")
+                        continue
                     if i + 1 < len(routers):  # (after its last, the part's own write below)
                         save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} "
                              "models")
-            report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
+            if part["results"]:
+                report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
     out["suite"] += others
+    if failed:
+        raise RuntimeError(f"{len(failed)} model(s) failed, the rest measured and saved: {'; '.join(failed)}")
     return out
 
 

@@ -144,6 +144,31 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     again = bench.main(argv)
     assert [c[-5] for c in commands] == ["first-2"] and again["suite"][:2] == saved["suite"][:2]
     assert "t1: none,lime: kept from" in capsys.readouterr().out
+    # a model of the second part measured again (its figure damaged), and the run cut there (a time limit's SIGTERM):
+    # the parts after it stay in the file (it was written without them: measured again only once reached)
+    part = saved["suite"][1]
+    damaged = {**part, "results": [part["results"][0], {**part["results"][1], "ms_per_step": "x"}]}
+    path.write_text(json.dumps({**saved, "suite": [saved["suite"][0], damaged, saved["suite"][2]]}))
+    in_this_process = bench.subprocess.run
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert json.loads(path.read_text())["suite"] == [saved["suite"][0], damaged, saved["suite"][2]]
+    # its process failed instead (out of memory, say): the suite goes on to the parts after it, and says so at the end
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 137) if "lime" in cmd
+                        else in_this_process(cmd))
+    path.write_text(json.dumps({**saved, "suite": [saved["suite"][0], damaged]}))  # (the last part to measure)
+    commands.clear()
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 1 and capsys.readouterr().err.endswith(
+        "\nbench.py: error: 1 model(s) failed, the rest measured and saved: t1: none,lime: lime (the lime process "
+        "failed (exit code 137); its output is above)\n")
+    assert [c[-5] for c in commands] == ["first-2"]  # (the model after it, measured)
+    held = json.loads(path.read_text())["suite"]
+    assert [[r["router"] for r in p["results"]] for p in held[1:]] == [["none"], ["first-2"]]
+    monkeypatch.setattr(bench.subprocess, "run", in_this_process)
+    path.write_text(json.dumps(saved))
     # the routing op timed over other tiles (a --sweep, or an older TILES) is not this run's figure: timed again
     retiled = [{**again["suite"][0], "tiles": [[64, 8, 16]]}, *again["suite"][1:]]
     path.write_text(json.dumps({**again, "suite": retiled}))
