@@ -290,6 +290,15 @@ def measure_alone(router, shape, args, argv):
         return {**json.loads(out.read_text())[0], "measured": measured_as(args)}
 
 
+def usable(device):
+    """Whether the device still runs work: a kernel's illegal address leaves a CUDA context in error for good."""
+    try:
+        torch.ones(1, device=device).add_(1).item()
+        return True
+    except Exception:  # (torch's AcceleratorError, a RuntimeError)
+        return False
+
+
 def time_op(fn, device, repeats):
     """Median milliseconds of fn() over `repeats` calls, after three untimed ones."""
     times = []
@@ -308,13 +317,15 @@ def sweep_tiles(kv):
     return [tile for tile in TILES if not tile[-1] or kernels.packing(kv, pack=1) > 1]
 
 
-def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
+def measure_kernels(shape, args, device, held=(), measured=lambda rows: None, failed=None):
     """The routing op alone, forward and backward, for `lime`'s first, middle and last layer at the
     shape's slot (one layer's K/V), in slot passes per second next to a plain copy. Bytes counted:
     forward kv, partials and outputs; backward the outputs' gradients, kv and grad kv (the small
     grad-w partials of the Triton backward not counted). `held`: rows of an earlier run, on this machine, taken
     where they time the same layer and tile; `measured(rows)` after each layer at each tile (a sweep saved as it
-    goes: a long one cut short goes on from its last tile)."""
+    goes: a long one cut short goes on from its last tile). `failed`: {tile: why} of a sweep's tiles that failed on
+    this machine, not tried again; one that fails now joins them."""
+    failed = {} if failed is None else failed
     L, n_kv, E = shape["n_layer"], shape["n_kv_head"], 2 * shape["n_embd"] // shape["n_head"]
     dtype = torch.bfloat16 if device.startswith("cuda") and args.dtype == "bfloat16" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
@@ -351,6 +362,8 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
                 tile = (*choice[1:-1], int(kernels.packing(kv) > 1))
                 how = dict(dots=dots, tile="/".join(map(str, tile)) if triton_kernels else "-")
                 ops = [f"{op}, layer {layer}" for op in ("forward", "backward")]
+                if how["tile"] in failed:
+                    continue
                 if all((op, how["dots"], how["tile"]) in earlier for op in ops):
                     rows += [earlier[op, how["dots"], how["tile"]] for op in ops]
                     continue
@@ -361,6 +374,11 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None):
                     if not args.sweep:
                         raise
                     print(f"layer {layer}, tile {how['tile']}: failed ({first_line(e)})")
+                    failed[how["tile"]] = first_line(e)
+                    if not usable(device):  # NOTE (an illegal address, say) every later tile would fail too, and the
+                        measured(rows)  # next run would try this one first again: saved as failed, and the run ends
+                        raise RuntimeError(f"tile {how['tile']} left the GPU in error ({first_line(e)}): run the same "
+                                           "command again to go on past it") from e
                     continue
                 rows += [row(ops[0], how, 1 + n_part + n_out, fwd), row(ops[1], how, n_out + 2, bwd)]
                 measured(rows)
@@ -602,7 +620,7 @@ def run_suite(args, argv, out):
               "which take hours there: it is meant for --device cuda (`python bench.py` times a CPU-sized shape)",
               file=sys.stderr)
     machine = machine_of(args.device)  # (several GPUs of one kind may take turns: a part's ratios come from one)
-    out["suite"], failed = [], []
+    out["suite"], failures = [], []
 
     def save(what):
         if args.json:  # NOTE with the parts of the file not reached yet: a run cut short before them keeps them
@@ -624,12 +642,15 @@ def run_suite(args, argv, out):
             print(f"{name}: kept from {args.json}")
             out["suite"].append(old)
         elif what == "kernels":  # saved after each tile: a sweep cut short goes on on the same machine
-            part = dict(part=name, machine=machine, tiles=tiles, measured=measured_as(args, True), kernels=[])
+            here = timed and old.get("machine") == machine  # (its rows, and the tiles that failed, on this machine)
+            failed = dict(old["failed"]) if here and isinstance(old.get("failed"), dict) else {}
+            part = dict(part=name, machine=machine, tiles=tiles, measured=measured_as(args, True), kernels=[],
+                        failed=failed)
             out["suite"].append(part)
             part["kernels"] = measure_kernels(
-                shape, args, args.device, old["kernels"] if timed and old.get("machine") == machine else (),
+                shape, args, args.device, old["kernels"] if here else (),
                 lambda rows: part.update(kernels=rows) or save(f"{len(out['suite']) - 1} of {len(SUITE)} parts; of "
-                                                               f"the last, {len(rows) - 1} rows"))
+                                                               f"the last, {len(rows) - 1} rows"), failed)
             part["finished"] = True
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the models' processes get the whole GPU
@@ -644,7 +665,7 @@ def run_suite(args, argv, out):
                     try:
                         part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
                     except RuntimeError as e:  # NOTE (out of memory, say) the suite goes on: its other parts
-                        failed.append(f"{name}: {router} ({first_line(e)})")  # are not held up behind this one
+                        failures.append(f"{name}: {router} ({first_line(e)})")  # are not held up behind this one
                         print(f"  {router}: failed; the suite goes on, and a run again measures it anew")
                         continue
                     if i + 1 < len(routers):  # (after its last, the part's own write below)
@@ -654,8 +675,8 @@ def run_suite(args, argv, out):
                 report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
     out["suite"] += others
-    if failed:
-        raise RuntimeError(f"{len(failed)} model(s) failed, the rest measured and saved: {'; '.join(failed)}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} model(s) failed, the rest measured and saved: {'; '.join(failures)}")
     return out
 
 

@@ -487,6 +487,52 @@ def test_bench_kernels_sweep_times_every_tile_and_keeps_the_chosen_one(monkeypat
         bench.main(["--device", "cpu", "--kernels", "--shape", "t", "--steps", "1"])
 
 
+def test_a_tile_that_leaves_the_gpu_in_error_is_saved_as_failed_and_not_tried_again(tmp_path, monkeypatch, capsys):
+    """A tile that fails in a sweep (a compile error) is passed over; one that leaves the GPU in error (an illegal
+    address: every later launch fails) ends the run, with the part saved and the tile in it as failed, so that the
+    same command goes on past it, not into it again (it would fail the sweep's every call, and the suite's parts after
+    it). On another machine it is tried again."""
+    pytest.importorskip("triton")
+    monkeypatch.setitem(bench.SHAPES, "t", dict(n_layer=2, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16,
+                                               vocab_size=32, block_size=8, batch_size=1))
+    monkeypatch.setattr(bench, "SUITE", [("t", "kernels")])
+    monkeypatch.setattr(bench, "TILES", [(32, 2, 8, 1, 0), (64, 2, 8, 1, 0), (16, 2, 8, 1, 0)])
+    monkeypatch.setattr(bench.kernels, "USE_TRITON", "1")
+    tried, columns = [], bench.kernels.COLUMNS  # (the kernels' own tile, as the copy is timed)
+
+    def time_op(fn, device, repeats):  # each once (interpreted); the second tile breaks the GPU
+        tried.append(bench.kernels.COLUMNS)
+        if bench.kernels.COLUMNS == 64:
+            monkeypatch.setattr(bench, "usable", lambda device: False)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        return [fn(), 1.0][1]
+
+    monkeypatch.setattr(bench, "time_op", time_op)
+    path = tmp_path / "suite.json"
+    argv = ["--device", "cpu", "--suite", "--sweep", "--steps", "1", "--json", str(path)]
+    monkeypatch.setattr(bench, "compiles", lambda how, device: False)
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 1 and capsys.readouterr().err.endswith("bench.py: error: tile 64/2/8/1/0 left the GPU in "
+                                                                  "error (CUDA error: an illegal memory access was "
+                                                                  "encountered): run the same command again to go on "
+                                                                  "past it\n")
+    part = json.loads(path.read_text())["suite"][0]
+    assert part["failed"] == {"64/2/8/1/0": "CUDA error: an illegal memory access was encountered"}
+    assert "finished" not in part and [r["tile"] for r in part["kernels"]] == ["-", "32/2/8/1/0", "32/2/8/1/0"]
+    monkeypatch.setattr(bench, "usable", lambda device: True)  # (a new process: its GPU is well)
+    tried.clear()
+    again = bench.main(argv)["suite"][0]
+    assert tried == [columns, 16, 16, 32, 32, 16, 16] and again["finished"]  # (the copy first) 64 passed over
+    assert again["failed"] == part["failed"] and {r["tile"] for r in again["kernels"]} == {"-", "32/2/8/1/0",
+                                                                                           "16/2/8/1/0"}
+    path.write_text(json.dumps({**json.loads(path.read_text()), "suite": [{**part, "machine": "another"}]}))
+    tried.clear()
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert tried == [columns, 32, 32, 64]  # (tried again there)
+
+
 def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkeypatch):
     """An existing --json file is kept: a plain run refuses it, --suite goes on only from its own (same device,
     torch and dtype), and --overwrite replaces it."""
