@@ -362,10 +362,10 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None, fa
                 tile = (*choice[1:-1], int(kernels.packing(kv) > 1))
                 how = dict(dots=dots, tile="/".join(map(str, tile)) if triton_kernels else "-")
                 ops = [f"{op}, layer {layer}" for op in ("forward", "backward")]
-                if how["tile"] in failed:
-                    continue
                 if all((op, how["dots"], how["tile"]) in earlier for op in ops):
                     rows += [earlier[op, how["dots"], how["tile"]] for op in ops]
+                    continue
+                if how["tile"] in failed:  # (after its rows of the layers before, kept)
                     continue
                 try:
                     fwd = time_op(lambda: kernels.route(kv, w, partials), device, args.steps)
@@ -375,8 +375,9 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None, fa
                         raise
                     print(f"layer {layer}, tile {how['tile']}: failed ({first_line(e)})")
                     failed[how["tile"]] = first_line(e)
+                    measured(rows)  # (saved as failed)
                     if not usable(device):  # NOTE (an illegal address, say) every later tile would fail too, and the
-                        measured(rows)  # next run would try this one first again: saved as failed, and the run ends
+                        # next run would try this one first again: saved as failed, the run ends
                         raise RuntimeError(f"tile {how['tile']} left the GPU in error ({first_line(e)}): run the same "
                                            "command again to go on past it") from e
                     continue
@@ -642,8 +643,9 @@ def run_suite(args, argv, out):
             print(f"{name}: kept from {args.json}")
             out["suite"].append(old)
         elif what == "kernels":  # saved after each tile: a sweep cut short goes on on the same machine
-            here = timed and old.get("machine") == machine  # (its rows, and the tiles that failed, on this machine)
-            failed = dict(old["failed"]) if here and isinstance(old.get("failed"), dict) else {}
+            here = timed and old.get("machine") == machine  # (its rows: on this machine only)
+            # the tiles that failed, as this run times them: on any machine (a kernel's fault would be there too)
+            failed = dict(old["failed"]) if timed and isinstance(old.get("failed"), dict) else {}
             part = dict(part=name, machine=machine, tiles=tiles, measured=measured_as(args, True), kernels=[],
                         failed=failed)
             out["suite"].append(part)
@@ -665,8 +667,8 @@ def run_suite(args, argv, out):
                     try:
                         part["results"].append(measure_alone(router, shape, args, [*argv, "--shape", shape_name]))
                     except RuntimeError as e:  # NOTE (out of memory, say) the suite goes on: its other parts
-                        failures.append(f"{name}: {router} ({first_line(e)})")  # are not held up behind this one
-                        print(f"  {router}: failed; the suite goes on, and a run again measures it anew")
+                        failures.append(f"{name}: {router}")  # are not held up behind this one
+                        print(f"bench.py: {name}: {router}: {first_line(e)}; the suite goes on", file=sys.stderr)
                         continue
                     if i + 1 < len(routers):  # (after its last, the part's own write below)
                         save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} "
@@ -676,7 +678,8 @@ def run_suite(args, argv, out):
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
     out["suite"] += others
     if failures:
-        raise RuntimeError(f"{len(failures)} model(s) failed, the rest measured and saved: {'; '.join(failures)}")
+        raise RuntimeError(f"{len(failures)} model(s) failed (above), the rest measured and saved; run again to "
+                           f"measure them: {', '.join(failures)}")
     return out
 
 

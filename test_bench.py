@@ -162,11 +162,18 @@ def test_bench_suite_measures_every_part_and_goes_on_after_a_cut(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         bench.main(argv)
     assert e.value.code == 1 and capsys.readouterr().err.endswith(
-        "\nbench.py: error: 1 model(s) failed, the rest measured and saved: t1: none,lime: lime (the lime process "
-        "failed (exit code 137); its output is above)\n")
+        "\nbench.py: t1: none,lime: lime: the lime process failed (exit code 137); its output is above; the suite goes "
+        "on\nbench.py: error: 1 model(s) failed (above), the rest measured and saved; run again to measure them: t1: "
+        "none,lime: lime\n")
     assert [c[-5] for c in commands] == ["first-2"]  # (the model after it, measured)
     held = json.loads(path.read_text())["suite"]
     assert [[r["router"] for r in p["results"]] for p in held[1:]] == [["none"], ["first-2"]]
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 137))  # every model
+    path.write_text(json.dumps({**saved, "suite": saved["suite"][:1]}))
+    with pytest.raises(SystemExit):  # (a part of no figures: no table, and no traceback for it)
+        bench.main(argv)
+    assert capsys.readouterr().err.endswith("run again to measure them: t1: none,lime: none, t1: none,lime: lime, "
+                                            "t2: first-2: first-2\n")
     monkeypatch.setattr(bench.subprocess, "run", in_this_process)
     path.write_text(json.dumps(saved))
     # the routing op timed over other tiles (a --sweep, or an older TILES) is not this run's figure: timed again
@@ -528,9 +535,27 @@ def test_a_tile_that_leaves_the_gpu_in_error_is_saved_as_failed_and_not_tried_ag
                                                                                            "16/2/8/1/0"}
     path.write_text(json.dumps({**json.loads(path.read_text()), "suite": [{**part, "machine": "another"}]}))
     tried.clear()
+    assert bench.main(argv)["suite"][0]["failed"] == part["failed"]  # another GPU: its own rows, but the tile that
+    assert 64 not in tried  # failed passed over still (a kernel's fault would be there too)
+    # a tile that fails at a later layer, the GPU left in error: its rows of the layers before are kept as it resumes
+    timed_64 = []
+
+    def flaky(fn, device, repeats):  # tile 64 timed at layer 0, then failing at layer 1
+        if bench.kernels.COLUMNS == 64 and len(timed_64) == 2:
+            raise RuntimeError("an illegal memory access")
+        timed_64.extend([1] * (bench.kernels.COLUMNS == 64))
+        return [fn(), 1.0][1]
+
+    monkeypatch.setattr(bench, "time_op", flaky)
+    path.unlink()
+    monkeypatch.setattr(bench, "usable", lambda device: False)
     with pytest.raises(SystemExit):
         bench.main(argv)
-    assert tried == [columns, 32, 32, 64]  # (tried again there)
+    cut = json.loads(path.read_text())["suite"][0]
+    monkeypatch.setattr(bench, "usable", lambda device: True)
+    resumed = bench.main(argv)["suite"][0]
+    assert [r for r in resumed["kernels"] if r["tile"] == "64/2/8/1/0"] == \
+        [r for r in cut["kernels"] if r["tile"] == "64/2/8/1/0"] != []
 
 
 def test_bench_never_replaces_figures_without_overwrite(tmp_path, capsys, monkeypatch):
