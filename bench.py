@@ -323,8 +323,8 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None, fa
     forward kv, partials and outputs; backward the outputs' gradients, kv and grad kv (the small
     grad-w partials of the Triton backward not counted). `held`: rows of an earlier run, on this machine, taken
     where they time the same layer and tile; `measured(rows)` after each layer at each tile (a sweep saved as it
-    goes: a long one cut short goes on from its last tile). `failed`: {tile: why} of a sweep's tiles that failed on
-    this machine, not tried again; one that fails now joins them."""
+    goes: a long one cut short goes on from its last tile). `failed`: {tile: why} of a sweep's tiles that failed
+    before, timed by the same code (on any machine), not tried again; one that fails now joins them."""
     failed = {} if failed is None else failed
     L, n_kv, E = shape["n_layer"], shape["n_kv_head"], 2 * shape["n_embd"] // shape["n_head"]
     dtype = torch.bfloat16 if device.startswith("cuda") and args.dtype == "bfloat16" else torch.float32
