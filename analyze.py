@@ -429,11 +429,11 @@ def cmd_curves(args):
     curves = {}
     for (regime, router, preset, steps, (_, apart)), seeds in groups.items():
         label = ", ".join(str(x) for x in (router, regime, preset and f"preset {preset}", f"{steps} steps", apart) if x)
-        common = sorted(set.intersection(*({r["step"] for r in rows if r.get(metric) is not None} for rows in seeds)))
+        # each seed's evaluations with the metric, by step (a step logged twice: its row with the metric)
+        at = [{r["step"]: r for r in rows if r.get(metric) is not None} for rows in seeds]
+        common = sorted(set.intersection(*map(set, at)))
         if not common:
             raise DataError(f"{label}: no evaluation with {metric} in all of its {len(seeds)} run(s)")
-        # (a step logged twice: its row with the metric)
-        at = [{r["step"]: r for r in rows if r.get(metric) is not None} for rows in seeds]
         curves[label] = {m: [(step, *tables.mean_sd([a[step][m] for a in at]), len(at)) for step in common]
                          for m in metrics}
     for i, (label, c) in enumerate(curves.items()):
