@@ -384,6 +384,40 @@ HERE = Path(__file__).parent  # where the scripts are
 
 
 @early
+def gpu_script_here(tmp_path_factory):
+    """(process, its $OUT) of test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing: `.ci/gpu 5` here."""
+    if torch.cuda.is_available():  # (the test is skipped: there the script would measure)
+        yield None
+        return
+    out = tmp_path_factory.mktemp("gpu") / "out"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # (its python3: this one, with torch)
+    p = beside(["bash", str(HERE / ".ci" / "gpu"), "5"], 5, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+               env={**os.environ, "OUT": str(out), "PATH": path})
+    yield p, out
+    ended(p)
+
+
+@early
+def registers_1b():
+    """test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one's `.ci/registers.py --shape 1b`, at a
+    packed tile (TRITON_INTERPRET=1 as the tests set it: the script compiles for sm_90 all the same)."""
+    p = beside([sys.executable, str(HERE / ".ci" / "registers.py"), "--shape", "1b"], 5, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True, env={**os.environ, "LIME_TILE": "128/4/8/1/1"})
+    yield p
+    ended(p)
+
+
+@early
+def knobs_of_a_tile():
+    """test_lime_tile_sets_the_kernels_knobs_or_is_refused's process: kernels' five knobs under LIME_TILE."""
+    p = beside([sys.executable, "-c", "import kernels; print(*map(kernels.__dict__.get, kernels.KNOBS))"], 8,
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
+               env={**os.environ, "LIME_TILE": "128/8/0/4/1"})
+    yield p
+    ended(p)
+
+
+@early
 def ctrl_c_while_torch_loads():
     """test_ctrl_c_while_torch_loads_is_one_line's `python train.py --help`, sent a Ctrl-C 0.3 s in, by a timer (torch
     takes seconds to load), and another sent SIGTERM. At the tests' own priority: the signal must not come before

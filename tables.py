@@ -12,7 +12,7 @@ import re
 import statistics
 
 from cli import DataError, UsageError, is_accuracy, show_value, shown
-from runs import NOT_THE_SETTING, ran_on, seed_group, setting
+from runs import ran_on, seed_group, setting
 
 
 def change(key, value, base):

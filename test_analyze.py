@@ -353,7 +353,7 @@ def test_runs_that_differ_in_more_than_their_seed_are_rows_apart(tmp_path, capsy
     how each ran (out_dir, device, ...) may differ within a row."""
     dirs = []
     for seed, (lr, n_layer) in enumerate([(1e-3, 4), (1e-3, 4), (1e-5, 4), (1e-3, 6)]):
-        how = {k: f"{k} of run {seed}" for k in tables.NOT_THE_SETTING - {"seed"}}  # each of them may differ
+        how = {k: f"{k} of run {seed}" for k in runs.NOT_THE_SETTING - {"seed"}}  # each of them may differ
         config = dict(router="lime", preset="tiny", seed=seed, max_steps=10, lr=lr, n_layer=n_layer, **how)
         d = tmp_path / f"run{seed}"
         d.mkdir()

@@ -674,16 +674,14 @@ def test_bench_bad_input_is_one_line(flags, message, capsys, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script measures: minutes")
-def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(tmp_path):
-    out = tmp_path / "out"
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # (its python3: this one, with torch)
-    done = subprocess.run(["bash", str(Path(bench.__file__).parent / ".ci" / "gpu"), "5"], capture_output=True,
-                          text=True, env={**os.environ, "OUT": str(out), "PATH": path}, timeout=120)
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", "no CUDA GPU here: this script measures on one\n")
+def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(gpu_script_here):
+    done, out = gpu_script_here  # (started as the session began: conftest)
+    stdout, stderr = done.communicate(timeout=120)
+    assert (done.returncode, stdout, stderr) == (2, "", "no CUDA GPU here: this script measures on one\n")
     assert not out.exists()
 
 
-def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one():
+def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one(registers_1b):
     """.ci/registers.py: the kernels compiled here for an sm_90 GPU, as a launch there specializes them (not in Triton's
     interpreter, which these tests set), the registers and spills read off the binary, and the programs a
     multiprocessor holds by them (registers from a quarter's 16384, 8 at a time a thread; 64 warps; 32 programs)."""
@@ -697,12 +695,11 @@ def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one():
                                                   (40, 8), (255, 8)]] == [2, 4, 5, 3, 7, 4, 32, 6, 1]
     if not registers.CUOBJDUMP.exists():
         pytest.skip(f"Triton {triton.__version__} without its NVIDIA tools")
-    done = subprocess.run([sys.executable, str(path), "--shape", "1b"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LIME_TILE": "128/4/8/1/1"})  # (TRITON_INTERPRET=1 as the tests set it)
-    assert done.returncode == 0, done.stderr
-    assert not done.stderr  # no warning: the kernels say what Triton's defaults would leave open (FP fusion in 3.9)
-    lines = done.stdout.splitlines()
-    assert lines[1:2] == ["1b: 8 kv heads of 128 values"] and len(lines) == 3, done.stdout
+    stdout, stderr = registers_1b.communicate(timeout=300)  # (started as the session began: conftest)
+    assert registers_1b.returncode == 0, stderr
+    assert not stderr  # no warning: the kernels say what Triton's defaults would leave open (FP fusion in 3.9)
+    lines = stdout.splitlines()
+    assert lines[1:2] == ["1b: 8 kv heads of 128 values"] and len(lines) == 3, stdout
     row = re.fullmatch(r" +128/4/8/1/1  forward +(\d+) \((\d+)\) +(\d+) B   backward +(\d+) \((\d+)\) +(\d+) B",
                        lines[2])
     assert row, lines[2]

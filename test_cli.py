@@ -15,7 +15,6 @@ import shutil
 import signal
 import stat
 import struct
-import subprocess
 import sys
 import threading
 import warnings
@@ -90,7 +89,7 @@ def test_lime_triton_is_checked_with_the_device(monkeypatch):
 
 
 
-def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch):
+def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch, knobs_of_a_tile):
     """LIME_TILE names a tile as bench.py --kernels --sweep does, and sets the kernels' five knobs for the process; a
     value that is not five whole numbers, or not powers of 2 where Triton needs them, is one line as the device is
     picked, where the kernels would otherwise run the default tile without a word."""
@@ -109,10 +108,8 @@ def test_lime_tile_sets_the_kernels_knobs_or_is_refused(monkeypatch):
     for tile in ("128/8/0/4/1", "16/4/64/1/0", "4096/32/0/4/0"):
         monkeypatch.setattr(kernels, "TILE", tile)
         assert cli.pick_device("cpu") == "cpu"
-    knobs = subprocess.run([sys.executable, "-c", "import kernels; print(*map(kernels.__dict__.get, kernels.KNOBS))"],
-                           env={**os.environ, "LIME_TILE": "128/8/0/4/1"}, capture_output=True, text=True,
-                           cwd=Path(kernels.__file__).parent)
-    assert knobs.stdout.split() == ["128", "8", "0", "4", "1"], knobs.stderr
+    stdout, stderr = knobs_of_a_tile.communicate(timeout=120)  # a process under LIME_TILE=128/8/0/4/1 (conftest)
+    assert stdout.split() == ["128", "8", "0", "4", "1"], stderr
 
 
 def test_metrics_show_accuracies_in_percent():
