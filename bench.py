@@ -180,14 +180,14 @@ def by_kind(events, on_gpu, steps):
 def print_profile(results, base):
     """The profiles in `results` side by side: by kind, ms (launches) per step and the change from `base`;
     then each mode's longest kernels (ops on a CPU)."""
-    ref = next(x for x in results if x["router"] == base)
-    print(f"where a step's time goes ({ref['profile']['steps']} steps profiled): ms per step (kernel launches; on a "
-          f"CPU, op calls), and the change from {base}")
+    ref = next((x for x in results if x["router"] == base), None)  # (a --suite part whose `none` failed: no change)
+    print(f"where a step's time goes ({results[0]['profile']['steps']} steps profiled): ms per step (kernel launches; "
+          f"on a CPU, op calls), and the change from {base}")
     print(f"{'':>14}" + "".join(f"{x['router']:>17}{'vs ' + base:>10}" for x in results))
 
     def row(label, get):  # get(a mode's results) -> (ms, launches or None)
         cells = [f"{get(x)[0]:10.2f}" + (f" ({get(x)[1]:4.0f})" if get(x)[1] is not None else " " * 7) +
-                 f"{get(x)[0] - get(ref)[0]:+10.2f}" for x in results]
+                 (f"{get(x)[0] - get(ref)[0]:+10.2f}" if ref else f"{'-':>10}") for x in results]
         print(f"{label:>14}" + "".join(cells))
 
     for kind in [k for k, _ in KINDS] + [REST, "unattributed"]:
@@ -395,18 +395,21 @@ def measure_kernels(shape, args, device, held=(), measured=lambda rows: None, fa
     return rows
 
 
-def add_ratios(results):
-    base = next((x for x in results if x["router"] == "none"), results[0])
+def add_ratios(results, base=None):
+    """Each mode's step and memory over those of `base` (by default `none`, else the first mode), and its name; a
+    `base` not in `results`: no ratios (None), and None."""
+    ref = next((x for x in results if x["router"] == (base or "none")), None if base else results[0])
     for x in results:
-        x["step_ratio"] = x["ms_per_step"] / base["ms_per_step"]
-        x["memory_ratio"] = x["memory_bytes"] / base["memory_bytes"]
-    return base["router"]
+        x["step_ratio"] = ref and x["ms_per_step"] / ref["ms_per_step"]
+        x["memory_ratio"] = ref and x["memory_bytes"] / ref["memory_bytes"]
+    return ref and ref["router"]
 
 
-def report(results, title, profile=False):
-    """The modes' figures with their ratios to `none` (else to the first mode), as a table; with --profile, where
-    each step's time goes too."""
-    base = add_ratios(results)
+def report(results, title, profile=False, base=None):
+    """The modes' figures with their ratios to `base` (by default `none`, else the first mode), as a table; with
+    --profile, where each step's time goes too. A `base` that failed: no ratios, and a line that says so."""
+    ref = add_ratios(results, base)
+    base = ref or base
     print(title)
     ratio, w = f"x {base}", max(9, *(len(x["router"]) for x in results))
     print(f"{'router':>{w}} {'ms/step':>9} {ratio:>9} {'tok/s':>9} {'MFU':>6} {'memory MB':>10} {ratio:>9} "
@@ -414,8 +417,12 @@ def report(results, title, profile=False):
     for x in results:
         mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] else "-"
         gen = f"{x['gen_tokens_per_s']:,.0f}" if x["gen_tokens_per_s"] else "-"
-        print(f"{x['router']:>{w}} {x['ms_per_step']:9.1f} {x['step_ratio']:9.3f} {x['tokens_per_s']:9,.0f} {mfu:>6} "
-              f"{x['memory_bytes'] / 2**20:10.1f} {x['memory_ratio']:9.3f} {gen:>10}")
+        step, memory = (f"{x[k]:9.3f}" if ref else f"{'-':>9}" for k in ("step_ratio", "memory_ratio"))
+        print(f"{x['router']:>{w}} {x['ms_per_step']:9.1f} {step} {x['tokens_per_s']:9,.0f} {mfu:>6} "
+              f"{x['memory_bytes'] / 2**20:10.1f} {memory} {gen:>10}")
+    if not ref:
+        print(f"no ratios: {base} failed (above), and a ratio to another model would read as one to {base}: run "
+              "again to measure it")
     if profile:
         print_profile(results, base)
 
@@ -674,7 +681,8 @@ def run_suite(args, argv, out):
                         save(f"{len(out['suite'])} of {len(SUITE)} parts; of the last, {i + 1} of {len(routers)} "
                              "models")
             if part["results"]:
-                report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile)
+                report(part["results"], f"{name}: training step (median of {args.steps}) and generation", args.profile,
+                       "none")  # (to its own none alone: a ratio to another model would read as one to none)
         save(f"{len(out['suite'])} of {len(SUITE)} parts")
     out["suite"] += others
     if failures:

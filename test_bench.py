@@ -80,6 +80,9 @@ def test_the_tables_show_mib_and_the_change_from_the_base(capsys):
                          dict(router="lime", ms_per_step=3.0, profile=profile(3.0))], "none")
     matmul = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("matmul"))
     assert matmul.split() == ["matmul", "1.00", "(", "1)", "+0.00", "3.00", "(", "1)", "+2.00"]
+    bench.print_profile([dict(router="lime", ms_per_step=3.0, profile=profile(3.0))], "none")  # (a --suite part
+    matmul = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("matmul"))
+    assert matmul.split() == ["matmul", "3.00", "(", "1)", "-"]  # whose none failed: no change from another model)
 
 
 @pytest.fixture
@@ -394,6 +397,46 @@ def test_bench_suite_goes_on_from_its_last_model_on_the_same_machine(tmp_path, c
     commands.clear()
     bench.main(argv)
     assert commands == []
+
+
+def test_a_suite_part_whose_none_failed_has_no_ratios_until_none_is_measured(tmp_path, capsys, monkeypatch):
+    """A part's ratios are to its own `none`, never to another model's figures: where the none process failed, its
+    other models keep their figures with no ratios, a line says so, and the same command measures none then (the
+    others kept), the ratios with it."""
+    failing = {"none"}
+
+    def alone(router, shape, args, argv):
+        if router in failing:
+            raise RuntimeError(f"the {router} process failed (exit code 137); its output is above")
+        return dict(router=router, ms_per_step=dict(none=2.0, lime=3.0, hc=5.0)[router], tokens_per_s=1.0,
+                    memory_bytes=dict(none=8, lime=10, hc=6)[router] * 2**20, gen_tokens_per_s=None, mfu=None,
+                    params=1, measured=bench.measured_as(args))
+
+    monkeypatch.setattr(bench, "measure_alone", alone)
+    monkeypatch.setattr(bench, "SUITE", [("150m", "none,lime,hc")])
+    path = tmp_path / "suite.json"
+    argv = ["--device", "cpu", "--suite", "--steps", "1", "--gen-repeats", "0", "--json", str(path)]
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 1
+    rows = json.loads(path.read_text())["suite"][0]["results"]
+    assert [(r["router"], r["step_ratio"], r["memory_ratio"]) for r in rows] == [("lime", None, None),
+                                                                                 ("hc", None, None)]
+    out = capsys.readouterr().out
+    assert out[out.index("150m: none,lime,hc: training"):].splitlines()[1:5] == [
+        "   router   ms/step    x none     tok/s    MFU  memory MB    x none  gen tok/s",
+        "     lime       3.0         -         1      -       10.0         -          -",
+        "       hc       5.0         -         1      -        6.0         -          -",
+        "no ratios: none failed (above), and a ratio to another model would read as one to none: run again to "
+        "measure it"]
+    failing.clear()
+    measured = []
+    monkeypatch.setattr(bench, "measure_alone", lambda router, *rest: measured.append(router) or alone(router, *rest))
+    rows = bench.main(argv)["suite"][0]["results"]
+    assert measured == ["none"]  # (the others kept)
+    assert [(r["router"], r["step_ratio"], r["memory_ratio"]) for r in rows] == [
+        ("none", 1.0, 1.0), ("lime", 1.5, 1.25), ("hc", 2.5, 0.75)]
+    assert json.loads(path.read_text())["suite"][0]["results"] == rows
 
 
 def test_bench_suite_holds_a_part_to_its_gpu_not_to_the_host_name(monkeypatch):
