@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
+import time
 import types
 from pathlib import Path
 
@@ -722,6 +724,54 @@ def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(gpu_script_h
     stdout, stderr = done.communicate(timeout=120)
     assert (done.returncode, stdout, stderr) == (2, "", "no CUDA GPU here: this script measures on one\n")
     assert not out.exists()
+
+
+def test_the_gpu_script_keeps_what_a_step_saved_when_a_time_limit_ends_it(tmp_path):
+    """.ci/gpu ended by the call's time limit (SIGTERM) in the middle of a step: that step ended, and the figures it
+    saved so far in $OUT at once, whole (not only after each step). Here with a stand-in python3 that sees a GPU, and
+    whose bench.py saves a model and then runs on; the script run from a copy, whose results/ and out/ it writes."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "gpu").write_text((Path(bench.__file__).parent / ".ci" / "gpu").read_text())
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python3"
+    fake.write_text(f"""#!/usr/bin/env bash
+case "$*" in
+    *get_device_name*) echo GPU-torch9 ;;
+    *triton.__version__*) echo torch 9 triton 9 ;;
+    bench.py*) echo '{{"suite": "a model"}}' > "${{@: -1}}"; echo $$ > {tmp_path}/pid; exec sleep 20 ;;
+esac
+""")
+    fake.chmod(0o755)
+    (tmp_path / "out" / "gpu" / "logs").mkdir(parents=True)  # an earlier call's, cut short on this machine
+    (tmp_path / "out" / "gpu" / "logs" / "suite-2.log").write_text("wrote results/GPU-torch9.json (8 of 8 parts)\n")
+    out, saved = tmp_path / "out-of-the-call", tmp_path / "results" / "GPU-torch9.json"
+    script = subprocess.Popen(["bash", str(tmp_path / ".ci" / "gpu")], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "OUT": str(out), "PATH": f"{tmp_path / 'bin'}{os.pathsep}"
+                                                                          f"{os.environ['PATH']}"})
+    try:
+        for _ in range(300):  # (the model saved)
+            if (tmp_path / "pid").exists():
+                break
+            time.sleep(0.1)
+        script.terminate()
+        rc = script.wait(timeout=10)  # at once, not after the step's 20 s
+        assert sorted(os.listdir(out)) == ["GPU-torch9.json", "logs.tgz"] and rc == 143
+        assert (out / "GPU-torch9.json").read_text() == saved.read_text() == '{"suite": "a model"}\n'
+        with tarfile.open(out / "logs.tgz") as logs:  # this call's logs alone
+            assert sorted(logs.getnames()) == ["logs", "logs/nvidia-smi.txt", "logs/suite-1.log", "logs/versions.txt"]
+        for _ in range(50):  # the step ended too (its stand-in's 20 s not waited for)
+            try:
+                os.kill(int((tmp_path / "pid").read_text()), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the step under way runs on after the script")
+    finally:
+        script.kill()  # (and the stand-in's sleep ends by itself)
+    assert re.fullmatch(r"suite: 3[0-4]\d s, from its start, into results/GPU-torch9\.json",
+                        script.stdout.read().splitlines()[-1])  # (the step cut: no line after it)
 
 
 def test_the_registers_script_compiles_the_kernels_for_a_gpu_without_one(registers_1b):
