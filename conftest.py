@@ -21,9 +21,9 @@ import pytest
 import tiktoken
 
 # NOTE one thread per test process, and per script a test starts (they inherit it): as fast as two on an idle
-# 2-core machine (51 s against 53 s for the suite), and 5x faster where another process keeps the cores busy
-# (two suites at once: 61 s each, against 306 s each with torch's default of a thread per core, whose idle
-# threads spin while they wait on each other). Set before torch loads, which reads it then
+# 2-core machine, and about 5x faster where another process keeps the cores busy (two suites at once: with torch's
+# default of a thread per core, idle threads spin while they wait on each other). Set before torch loads, which
+# reads it then
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
