@@ -44,6 +44,8 @@ EVERY = methods_where()  # every --router name there is, the baselines' too (bas
 ROUTED = methods_where(lambda cls: methods.satisfies(cls, lambda r: type(r) is not lime.Own))
 # whose weights() is a Parameter (dynamic's: its token-independent part), set to the identity below
 STATED = methods_where(lambda cls: methods.satisfies(cls, lambda r: isinstance(r.weights(), torch.nn.Parameter)))
+# those that start as `none` (starts_as_none): every method of the stream unless it says not, the routers that say so
+AS_NONE = methods_where(lambda cls: cls.starts_as_none)
 
 
 @pytest.mark.parametrize("mode", EVERY)
@@ -433,6 +435,34 @@ def test_identity_router_equals_none(mode):
             w[:, -1] = 1.0 if w.dim() == 2 else torch.eye(w.shape[0])  # within each head, or across heads
     idx = tokens()
     torch.testing.assert_close(routed(idx)[0], base(idx)[0], rtol=0, atol=1e-6)
+
+
+def reads(model, idx):
+    """What each sub-layer and then the final norm read in a forward (their norms' inputs), the logits and the loss."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0])) for m in model.modules()
+             if isinstance(m, torch.nn.RMSNorm)]
+    logits, loss = model(idx, idx)
+    for h in hooks:
+        h.remove()
+    return [*seen, logits, loss]
+
+
+@pytest.mark.parametrize("mode", AS_NONE)
+def test_a_fresh_model_is_none(mode):
+    """A method that starts as `none`, given none's weights, computes exactly what none computes: what every sub-layer
+    and the final norm read, the logits and the loss. Under bf16 autocast too: a stream stays fp32, as none's does."""
+    base, model = small_model("none"), small_model(mode, seed=1)  # (seed 1: other weights, until none's load)
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("residual.") or ".router." in k for k in missing)  # the method's own
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            want, got = reads(base, tokens()), reads(model, tokens())
+        differ = [i for i, (a, b) in enumerate(zip(got, want)) if a.dtype != b.dtype or not torch.equal(a, b)]
+        assert len(got) == len(want) and not differ, \
+            f"{methods.parse_router(mode)[0].__qualname__}: a fresh model is not none at {differ} of the inputs of " \
+            f"sub-layers 0..{len(want) - 4}, the final norm's, the logits, the loss (bf16 autocast: {autocast}); a " \
+            "method that does not start as none says starts_as_none = False"
 
 
 def test_route_ops_pass_opcheck():
@@ -1005,9 +1035,9 @@ def test_the_tests_of_every_method_build_a_j_below_the_depth(scratch_registry):
     test_one_graph_without_breaks("test-skip-2")  # (the one that built 2 layers)
 
 
-def test_a_method_of_the_stream_that_counts_no_flops_is_told_where_they_go(scratch_registry):
-    """A method of the stream whose work is outside nn.Linear layers states its FLOPs in flops(): the test of every
-    method says so, naming the class (not only that one number is not above another)."""
+@pytest.fixture
+def gate(scratch_registry):
+    """A fork's method of the stream, `test-gate`: h + g_i f(h), its gates at 1; it counts no FLOPs."""
     class Gate(lime.Residual):
         name = "test-gate"
 
@@ -1021,6 +1051,24 @@ def test_a_method_of_the_stream_that_counts_no_flops_is_told_where_they_go(scrat
         def add(self, i, h, f):
             return h + self.g[i] * f(h)
 
+    return Gate
+
+
+def test_a_forks_method_of_the_stream_is_held_to_none(gate):
+    """The test of every method that starts as `none` takes a fork's method of the stream: a fresh one is none, unless
+    it says not (gates at 0.5: an error that names it)."""
+    assert "test-gate" in methods_where(lambda cls: cls.starts_as_none)  # (as AS_NONE reads it, for a fork's module)
+    test_a_fresh_model_is_none("test-gate")
+    gate.init_weights = lambda self: self.g.fill_(0.5)
+    with pytest.raises(AssertionError, match=re.escape("Gate: a fresh model is not none at [1, 2, 3,")):
+        test_a_fresh_model_is_none("test-gate")
+    gate.starts_as_none = False
+    assert "test-gate" not in methods_where(lambda cls: cls.starts_as_none)
+
+
+def test_a_method_of_the_stream_that_counts_no_flops_is_told_where_they_go(gate):
+    """A method of the stream whose work is outside nn.Linear layers states its FLOPs in flops(): the test of every
+    method says so, naming the class (not only that one number is not above another)."""
     with pytest.raises(AssertionError, match=re.escape("Gate.flops() counts nothing: a method of the stream states "
                                                        "there the FLOPs of its work outside nn.Linear layers")):
         test_a_method_is_counted_in_its_part("test-gate")
