@@ -879,6 +879,20 @@ def test_a_method_is_counted_in_its_part(mode):
         "nn.Linear layers"  # every method costs some FLOPs (a router's are derived from its weights)
 
 
+@pytest.mark.parametrize("mode", EVERY)
+def test_a_benchmark_row(mode, monkeypatch):
+    """bench.py trains, generates with and measures the method's model, and gives its row with the model's figures
+    (at a tiny shape of 3 layers, as the probe's, for a fork's J 2)."""
+    shape = dict(n_layer=3, n_head=2, n_kv_head=2, n_embd=16, mlp_hidden=16, vocab_size=32, block_size=8)
+    monkeypatch.setitem(bench.SHAPES, "tiny", dict(shape, batch_size=1))
+    [row] = bench.main(["--device", "cpu", "--shape", "tiny", "--routers", mode, "--steps", "1", "--gen-tokens", "2",
+                        "--gen-repeats", "1"])["runs"][0]["results"]
+    model = GPT(GPTConfig(router=mode, **shape))
+    assert (row["router"], row["params"], row["flops_per_token"]) == (mode, model.num_params()["total"],
+                                                                      model.estimate_flops())
+    assert row["ms_per_step"] > 0 and row["memory_bytes"] > 0 and row["gen_tokens_per_s"] > 0
+
+
 def test_a_methods_part_is_its_module_not_its_names(scratch_registry):
     """A parameter of a method of the stream whose name says "router" is still the stream's: counted so, and trained
     at the base rate without decay (when names decided, it was a router's, at --router-lr)."""
@@ -1054,11 +1068,12 @@ def gate(scratch_registry):
     return Gate
 
 
-def test_a_forks_method_of_the_stream_is_held_to_none(gate):
-    """The test of every method that starts as `none` takes a fork's method of the stream: a fresh one is none, unless
-    it says not (gates at 0.5: an error that names it)."""
+def test_a_forks_method_is_held_to_none_and_benchmarked(gate, monkeypatch):
+    """The tests of every method take a fork's method of the stream as this repo's: a fresh one is none, unless it
+    says not (gates at 0.5: an error that names it), and it has a benchmark row."""
     assert "test-gate" in methods_where(lambda cls: cls.starts_as_none)  # (as AS_NONE reads it, for a fork's module)
     test_a_fresh_model_is_none("test-gate")
+    test_a_benchmark_row("test-gate", monkeypatch)
     gate.init_weights = lambda self: self.g.fill_(0.5)
     with pytest.raises(AssertionError, match=re.escape("Gate: a fresh model is not none at [1, 2, 3,")):
         test_a_fresh_model_is_none("test-gate")
