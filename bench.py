@@ -50,7 +50,7 @@ from torch.autograd import DeviceType
 import kernels
 from generation import generate
 from lime import GPT, POSITIONS, GPTConfig
-from methods import distinct, registry
+from methods import MODULES, distinct, registry
 
 SHAPES = {
     # small enough for 2 CPU cores, deep enough (12 layers) for the routing to show
@@ -254,10 +254,11 @@ def measure(routers, shape, args, device):
     return results
 
 
-# what a figure depends on beyond the flags: the code it times, and the environment variables that change how that
+# what a figure depends on beyond the flags: the code it times (with every module of methods.MODULES: a --suite part
+# times ablations.py's routers, and a fork's part its own), and the environment variables that change how that
 # is compiled or which kernels run (TORCHINDUCTOR_MAX_AUTOTUNE, LIME_TRITON, ...; not a folder, file or cache's
 # place: inductor itself sets TRITON_PTXAS_PATH as it compiles)
-TIMED_CODE = ("lime.py", "kernels.py", "methods.py", "baselines.py", "generation.py")
+TIMED_CODE = ("kernels.py", "methods.py", "generation.py", *(f"{m.replace('.', '/')}.py" for m in MODULES))
 TUNING = re.compile(r"(?!\w*(_DIR|_PATH|_HOME|CACHE_MANAGER)$)(TORCHINDUCTOR|TORCH_COMPILE|TRITON|LIME)_\w*")
 # NOTE bench.py's own timing (Runner, measure) is not hashed, so that an edit of its flags or output keeps the figures:
 # raise this where a change to it changes what a figure means
