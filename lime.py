@@ -96,7 +96,7 @@ def route_reference(weight, kvs):
 
 class Router(Method):
     """R^(l): how the heads of layer `layer` read the K/V of the layers in `sources`. A router is a
-    subclass that says three things (and sets the flags `per_token`, `keys`, `starts_as_none` below where they apply):
+    subclass that says three things (and sets the flags below where they apply):
 
       name              its --router value, as methods.Method says (one ending in -J takes a number, J:
                         ablations.py's `last-J` is --router=last-4, the 4 most recent layers)
@@ -116,9 +116,7 @@ class Router(Method):
     earlier to read)."""
     per_token = False  # True: the weights depend on the input x, so its layer pulls its sources (see Routing)
     keys = True  # False: it routes the values only, the keys stay the layer's own (pulled too; as value-residual)
-    # True: a fresh model computes exactly what `none` computes with none's weights (as value-residual); the tests of
-    # every method hold it to that. A learned router's default start (Kaiming elsewhere, below) is not `none`
-    starts_as_none = False
+    starts_as_none = False  # True: given none's weights, a fresh model computes none's exactly (tested; value-residual)
 
     def __init__(self, config, layer, J=None):
         super().__init__()
@@ -328,9 +326,7 @@ class Residual(Method):
     how its output joins the stream. Here the pre-norm residual, h + f(h). A method of the stream
     (baselines.py) is a subclass with a name, chosen by --router, that overrides what it changes; its
     model then routes no K/V. Sub-layer i of 2 * n_layer: 2l the attention of block l, 2l + 1 its MLP."""
-    # True: a fresh model computes exactly what `none` computes with none's weights (the tests of every method hold it
-    # to that). A method of the stream starts as the plain residual unless it says False (Hyper-Connections)
-    starts_as_none = True
+    starts_as_none = True  # given none's weights, a fresh model computes none's exactly (tested); else say False
 
     def __init__(self, config=None, J=None):  # (the arguments every method of the stream is built with)
         super().__init__()
