@@ -737,8 +737,7 @@ def test_the_gpu_script_keeps_what_a_step_saved_when_a_time_limit_ends_it(tmp_pa
     fake = tmp_path / "bin" / "python3"
     fake.write_text(f"""#!/usr/bin/env bash
 case "$*" in
-    *get_device_name*) echo GPU-torch9 ;;
-    *triton.__version__*) echo torch 9 triton 9 ;;
+    *get_device_name*) printf 'GPU-torch9\ntorch 9 triton 9\n' ;;
     bench.py*) echo '{{"suite": "a model"}}' > "${{@: -1}}"; echo $$ > {tmp_path}/pid; exec sleep 20 ;;
 esac
 """)
