@@ -1,5 +1,6 @@
 """Generation (generation.py): a batch of prompts of different lengths, sampling, stop, and the errors.
-That the KV cache gives what recomputation gives is a promise of every method: test_lime.py holds it."""
+That the KV cache gives what recomputation gives, and that no row of a batch reads another, are promises of every
+method: test_lime.py holds them."""
 
 from types import SimpleNamespace
 
