@@ -44,11 +44,17 @@ import prosqa  # noqa: E402
 import train  # noqa: E402
 from data import write_shard  # noqa: E402
 from lime import GPT, GPTConfig  # noqa: E402
-from methods import router_forms  # noqa: E402
+from methods import registry, router_forms  # noqa: E402
 from pruning import prunable  # noqa: E402
 
 # the routers that top-p pruning takes, as its errors list them: derived, so that a fork's router joins them
 PRUNABLE = router_forms(prunable)
+
+
+def methods_where(test=lambda cls: True):
+    """The --router values (J = 2 where it has no default) of the methods of the registry that pass test:
+    a fork's too, so that the promises every method keeps are tested for it."""
+    return [name.replace("-J", "" if cls.J else "-2") for name, cls in registry().items() if test(cls)]
 
 
 def small_config(router, **kw):

@@ -26,18 +26,12 @@ import runs
 import sample
 import train
 from bench import saved_bytes
-from conftest import assert_same_run, error_of, perturbed, small_config, small_model, tiny_args, tokens
+from conftest import (assert_same_run, error_of, methods_where, perturbed, small_config, small_model, tiny_args,
+                      tokens)
 from generation import KVCache, generate
 from lime import GPT, GPTConfig
 
 MODES = ["none", "lime", "average", "last-2", "first-2", "dynamic"]  # this repo's routers, their masks known here
-
-
-def methods_where(test=lambda cls: True):
-    """The --router values (J = 2 where it has no default) of the methods of the registry that pass test:
-    a fork's too, so that the promises every method keeps are tested for it."""
-    return [name.replace("-J", "" if cls.J else "-2") for name, cls in methods.registry().items() if test(cls)]
-
 
 EVERY = methods_where()  # every --router name there is, the baselines' too (baselines.py)
 # those that route K/V (a Router's model routes nothing for `none`)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import cli
+import methods
 import pruning
-from conftest import PRUNABLE, small_model, tokens
+from conftest import PRUNABLE, methods_where, small_model, tokens
 
 def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
     # two target heads, each reading 2 source layers x 2 source heads; shares of |weight| in tenths
@@ -41,17 +42,17 @@ def test_top_p_mask_keeps_the_smallest_set_that_reaches_p():
         pruning.prune_routers(small_model("dynamic"), 0.9)
 
 
-@pytest.mark.parametrize("mode", ["lime", "first-2"])
+@pytest.mark.parametrize("mode", methods_where(lambda cls: methods.satisfies(cls, pruning.prunable)))  # a fork's too
 def test_pruned_model_equals_the_dense_routing_with_its_zeros(mode):
     model, idx = small_model(mode), tokens()
     unpruned = model(idx)[0]
     mask = pruning.prune_routers(model, 0.6)
     assert sum(p for p, _ in pruning.pruned_counts(model, mask).values()) > 0
-    for layer, R in enumerate(model.routing_weights()):  # the dense (n_kv, l + 1, n_kv) weights hold the zeros
-        name = f"transformer.h.{layer}.attn.router.weight"
-        if name in mask:
-            sources = model.routers[layer].sources
-            assert torch.equal(R[:, sources] != 0, mask[name])
+    R = model.routing_weights()
+    for name, router in pruning.prunable_routers(model).items():  # the dense (n_kv, l + 1, n_kv) weights hold the zeros
+        keep = mask[name] if mask[name].dim() == 3 else \
+            mask[name][:, :, None] & torch.eye(router.n_kv, dtype=torch.bool)[:, None]  # within each head: its diagonal
+        assert torch.equal(R[router.layer][:, router.sources] != 0, keep)
     fast = model(idx)[0]  # kernels.route, pushing each layer's K/V to its readers
     model.reference_routing = True  # route_reference: the einsum over every source, zeros included
     torch.testing.assert_close(fast, model(idx)[0], rtol=1e-5, atol=1e-5)
