@@ -63,10 +63,8 @@ def test_parameters_and_flops():
         "value-residual": (5 * 2, 6 * 5 * (2 * 2) * 8),  # layers 1..5: a weight per head; 2 sources, V only
     }
     for method, (params, flops) in expected.items():
-        model = small_model(method)
-        counts = model.num_params()
-        assert counts["total"] - base_params == params == counts["residual"] + counts["router"], method
-        assert counts["total"] == sum(p.numel() for p in model.parameters())
+        model = small_model(method)  # (each counted once, in its part: test_lime.py's test of every method)
+        assert model.num_params()["total"] - base_params == params, method
         assert model.estimate_flops(32) - base_flops == flops, method
 
 
