@@ -1572,7 +1572,8 @@ def test_rope_rotates_each_pair_by_position_times_its_frequency():
 @pytest.mark.parametrize("mode", ["none", "lime"])
 def test_only_relative_positions_matter(mode):
     """RoPE rotates queries and keys alike, so attention sees only how far apart two positions are: a sequence
-    placed 7 positions later (its RoPE tables shifted) gives the same logits. Without RoPE they differ."""
+    placed 7 positions later (its RoPE tables shifted) gives the same logits. Without RoPE they differ. Two modes
+    stand for every method: Attention rotates K/V after any routing, and no method reads the tables."""
     model, idx = small_model(mode), tokens()
     want = model(idx)[0]
     cos, sin = lime.rope_tables(small_config(mode, block_size=32 + 7))
@@ -1620,7 +1621,9 @@ def as_written(model, idx):
 def test_the_model_is_the_formulas_as_written(mode):
     """The whole forward against as_written: what the tests that compare the model with itself (fast against
     reference routing, cache against recomputation, a fresh method against `none`) cannot see, a convention of the
-    weights' layout (gate and up, keys and values, which kv-head a query head reads) or attention's scale."""
+    weights' layout (gate and up, keys and values, which kv-head a query head reads) or attention's scale. The
+    formulas are LIMe's (`none` its identity router): another router's routing is held to route_reference, the same
+    formula in code, by the tests of every method; a method of the stream writes its own (test_baselines.py)."""
     model, idx = perturbed(small_model(mode).double(), 0.1), tokens()  # 4 query heads on 2 kv-heads; every gain moved
     with torch.no_grad():  # (the model's RoPE tables are float32 numbers, also in a .double() model: 3e-8 apart here)
         torch.testing.assert_close(model(idx)[0], as_written(model, idx), rtol=0, atol=1e-6)

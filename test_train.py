@@ -558,6 +558,8 @@ def test_help_shows_the_defaults_of_the_preset_given(capsys, monkeypatch):
 
 
 def test_param_groups_follow_the_spec():
+    """Two methods stand for every one: param_groups sorts a method's parameters by where the model holds them
+    (model.routers; model.residual, whose names start so), not by anything the method says."""
     model = small_model("dynamic")
     cfg = train.TrainConfig(weight_decay=0.1, lr=1e-3, router_lr=1e-2)
     groups = train.param_groups(model, cfg)
