@@ -20,7 +20,7 @@ import runs
 import sample
 import tables
 import train
-from conftest import edit_settings, error_of, small_model, snapshot, tiny_args, tokens
+from conftest import edit_settings, error_of, methods_where, perturbed, small_model, snapshot, tiny_args, tokens
 from data import write_shard
 
 @pytest.mark.parametrize("mode", ["none", "lime", "first-2"])
@@ -86,6 +86,23 @@ def test_activations_are_the_values_each_layer_reads_routed():
         torch.testing.assert_close(v, x @ W.T)
     assert torch.equal(own[0], values[0]) and not torch.allclose(own[1], values[1]) and all(map(torch.equal, same,
                                                                                                     hidden))
+
+
+@pytest.mark.parametrize("mode", methods_where())
+def test_activations_are_the_values_each_layer_attends_over(mode, monkeypatch):
+    """For every method, the values entropy and probe read at a layer are those its attention reads: routed by the
+    router's reference, whatever its kind (per token, values alone), a method of the stream's own values as they are.
+    Every weight moved (perturbed): no path that starts at zero hides a source read wrong."""
+    model, idx = perturbed(small_model(mode), 0.1), tokens(1, 16)[0]
+    values, _ = analyze.activations(model, idx)
+    read, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: read.append(v) or sdpa(q, k, v, **kw))
+    with torch.no_grad():
+        model(idx[None])
+    assert len(read) == len(values) == 6
+    for v, attended in zip(values, read):  # attended (1, n_kv, T, hd) -> (T, n_kv * hd)
+        torch.testing.assert_close(v, attended[0].transpose(0, 1).flatten(1), rtol=1e-5, atol=1e-6)
 
 
 def test_survival_map_puts_each_source_in_its_column():
