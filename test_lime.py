@@ -465,6 +465,16 @@ def test_a_fresh_model_is_none(mode):
             "method that does not start as none says starts_as_none = False"
 
 
+@pytest.mark.parametrize("mode", EVERY)
+def test_under_autocast_the_stream_stays_fp32(mode):
+    """Under bf16 autocast, what every sub-layer and the final norm read is fp32, as none's stream is: a method whose
+    mixing went through a matmul (autocast's bf16) would round the stream at every block. Perturbed, so that no gate
+    or map that starts at zero leaves a path out."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        *inputs, logits, loss = reads(perturbed(small_model(mode), 0.1), tokens())
+    assert [x.dtype for x in inputs] == [torch.float32] * 13 and loss.dtype == torch.float32
+
+
 def test_route_ops_pass_opcheck():
     """Schema, fake (meta) kernels with the real strides, autograd registration: what torch.compile relies on."""
     g = torch.Generator().manual_seed(0)
