@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import bench
+import methods
 from conftest import error_of
 
 def test_bench_runs_and_reports_ratios(tmp_path, capsys):
@@ -441,6 +442,12 @@ def test_a_suite_part_whose_none_failed_has_no_ratios_until_none_is_measured(tmp
     assert json.loads(path.read_text())["suite"][0]["results"] == rows
 
 
+def test_a_figure_is_of_the_code_of_every_method():
+    """--suite measures a model anew where the code it times changed: every module of methods.MODULES among it (the
+    parts time ablations.py's routers; a fork's module is there once it is in MODULES)."""
+    assert {f"{m.replace('.', '/')}.py" for m in methods.MODULES} <= set(bench.TIMED_CODE)
+
+
 def test_bench_suite_holds_a_part_to_its_gpu_not_to_the_host_name(monkeypatch):
     """A part cut short is finished on the same GPU only: on CUDA the machine is the GPU's UUID, whatever the host is
     called (a container's name changes from one start to the next, on the same GPU); on a CPU it is the host."""
@@ -728,9 +735,10 @@ def test_the_gpu_script_without_a_gpu_is_one_line_and_makes_nothing(gpu_script_h
 
 
 def test_the_gpu_script_keeps_what_a_step_saved_when_a_time_limit_ends_it(tmp_path):
-    """.ci/gpu ended by the call's time limit (SIGTERM) in the middle of a step: that step ended, and the figures it
-    saved so far in $OUT at once, whole (not only after each step). Here with a stand-in python3 that sees a GPU, and
-    whose bench.py saves a model and then runs on; the script run from a copy, whose results/ and out/ it writes."""
+    """.ci/gpu ended by the call's time limit (SIGTERM) in the middle of a step: the step told to end, and what it
+    saved in $OUT, whole (not only after each step), with its log to its last line. Here with a stand-in python3 that
+    sees a GPU, and whose bench.py saves a model, runs on, and as it is stopped saves another half a second later and
+    says so (as bench.py does); the script run from a copy, whose results/ and out/ it writes."""
     (tmp_path / ".ci").mkdir()
     (tmp_path / ".ci" / "gpu").write_text((Path(bench.__file__).parent / ".ci" / "gpu").read_text())
     (tmp_path / "bin").mkdir()
@@ -738,7 +746,10 @@ def test_the_gpu_script_keeps_what_a_step_saved_when_a_time_limit_ends_it(tmp_pa
     fake.write_text(f"""#!/usr/bin/env bash
 case "$*" in
     *get_device_name*) printf 'GPU-torch9\ntorch 9 triton 9\n' ;;
-    bench.py*) echo '{{"suite": "a model"}}' > "${{@: -1}}"; echo $$ > {tmp_path}/pid; exec sleep 20 ;;
+    bench.py*) json=${{@: -1}}; echo '{{"suite": "a model"}}' > "$json"
+        stop() {{ sleep 0.5; echo '{{"suite": "two models"}}' > "$json"; echo "bench.py: interrupted (SIGTERM)"
+                  exit 143; }}
+        trap stop TERM; echo $$ > {tmp_path}/pid.tmp && mv {tmp_path}/pid.tmp {tmp_path}/pid; sleep 20 & wait ;;
 esac
 """)
     fake.chmod(0o755)
@@ -754,12 +765,15 @@ esac
             if (tmp_path / "pid").exists():
                 break
             time.sleep(0.1)
+        else:
+            pytest.fail("the stand-in bench.py never started")
         script.terminate()
         rc = script.wait(timeout=10)  # at once, not after the step's 20 s
         assert sorted(os.listdir(out)) == ["GPU-torch9.json", "logs.tgz"] and rc == 143
-        assert (out / "GPU-torch9.json").read_text() == saved.read_text() == '{"suite": "a model"}\n'
-        with tarfile.open(out / "logs.tgz") as logs:  # this call's logs alone
+        assert (out / "GPU-torch9.json").read_text() == saved.read_text() == '{"suite": "two models"}\n'
+        with tarfile.open(out / "logs.tgz") as logs:  # this call's logs alone, the step's to its last line
             assert sorted(logs.getnames()) == ["logs", "logs/nvidia-smi.txt", "logs/suite-1.log", "logs/versions.txt"]
+            assert logs.extractfile("logs/suite-1.log").read() == b"bench.py: interrupted (SIGTERM)\n"
         for _ in range(50):  # the step ended too (its stand-in's 20 s not waited for)
             try:
                 os.kill(int((tmp_path / "pid").read_text()), 0)
