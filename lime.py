@@ -7,26 +7,29 @@ of every (layer, head) pair up to and including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 
-R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers, 0.007% of the 150M model's parameters. (The paper's
-Eq. 2 writes R^(l)_{l', h', h}, layers from 1; here layers count from 0, the index is [target head, source layer,
-source head], over the n_kv_head K/V heads as in the paper's code with GQA. Its Appendix A trains R at lr 1e-2, no
-weight decay: train.py's --router-lr.) It starts as the identity on the layer's own heads and Kaiming-uniform on
-earlier layers' (whose share then has about l/(l+1) of the own K/V's variance: a fresh LIMe model is not LLaMA).
-Keys and values share one router; queries are untouched. Routing mixes vectors at one position, and RoPE rotates
-every head at a position alike, so the two commute: we route before RoPE, and the KV cache (generation.py) holds each
-layer's routed, rotated K/V, a normal cache's size. A past position's routed K/V never changes.
+R^(l), the "router", is (n_kv_head, l + 1, n_kv_head) numbers; all layers' together, 0.007% of the 150M model. (The
+paper's Eq. 2 writes R^(l)_{l', h', h}, layers from 1; here layers count from 0, the index is [target head, source
+layer, source head], over the n_kv_head K/V heads as in the paper's code with GQA. Its Appendix A trains R at lr
+1e-2, no weight decay: train.py's --router-lr.) It starts as the identity on the layer's own heads and
+Kaiming-uniform on earlier layers' (whose share then has about l/(l+1) of the own K/V's variance: a fresh LIMe model
+is not LLaMA). Keys and values share one router; queries are untouched. Routing mixes vectors at one position, and
+RoPE rotates every head at a position alike, so the two commute: we route before RoPE, and the KV cache
+(generation.py) holds each layer's routed, rotated K/V, a normal cache's size. A past position's routed K/V never
+changes.
 
 What differs from nanoGPT, in reading order:
   * `route_reference`: the formula above in plain autograd, the specification.
   * `Router`: how a layer reads earlier layers' K/V; one subclass per --router value. Here `lime` (the paper's) and
     `none` (LLaMA); ablations.py, baselines.py and a fork (README "Fork it") add subclasses of Router or of
     `Residual` (the stream between sub-layers). methods.py registers them by name.
-  * `Routing`: carries K/V from layer to layer. Most routers are *pushed*: once layer j has its K/V, one op
-    (kernels.py) adds j's share R^(t)[:, j] kv[j] to the running sum, the *partial*, of every later layer t that
-    reads j, and finishes kv~[j]. The op saves each layer's K/V once: O(L) memory, where autograd through a stack
-    per layer (the paper's code) takes O(L^2). A few are *pulled*: layer l gathers its sources and routes them itself.
+  * `Routing`: carries K/V from layer to layer. Most routers are *pushed*: once layer j has its K/V, one op (kernels.py,
+    kept whole by torch.compile in its single graph) adds j's share R^(t)[:, j] kv[j] to the running sum, the
+    *partial*, of every later layer t that reads j, and finishes kv~[j]. The op saves each layer's K/V once: O(L)
+    memory, where autograd through a stack per layer (the paper's code) takes O(L^2). A few are *pulled*: layer l
+    gathers its sources and routes them itself.
   * LLaMA blocks: RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention.
-  * `GPT.routing_weights()`, `num_params()`, `estimate_flops()` for analysis; generation.py's `generate(model, ...)`.
+  * `GPT.routing_weights()`, `num_params()`, `estimate_flops()` for analysis. GPT has no generate(): generation.py's
+    `generate(model, ...)` runs it with a KV cache.
 """
 
 import math
