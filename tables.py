@@ -193,8 +193,12 @@ def unshown_differences(rows):
     aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
     regimes, named = {}, {}
     for (regime, router, preset, steps, (values, _)), runs in rows.items():
-        regimes.setdefault(regime, []).append((router, dict(setting(config_of(runs[0]), aside), preset=preset,
-                                                            steps=steps)))
+        values_ = dict(setting(config_of(runs[0]), aside), preset=preset, steps=steps)
+        source = values_.get("init_source")
+        if isinstance(source, dict) and isinstance(source.get("setting"), dict):  # a fine-tune's source: its router
+            # is the row's (a fine-tune takes its source's model), set aside as the row's own
+            values_["init_source"] = dict(source, setting={k: v for k, v in source["setting"].items() if k != "router"})
+        regimes.setdefault(regime, []).append((router, values_))
         fields = {p.split(".")[0] for p, _ in values}
         named[regime] = named.get(regime, fields) & fields
     for regime, settings in regimes.items():  # (what every row's name shows already: n_layer in a depth ablation)
@@ -206,11 +210,23 @@ def unshown_differences(rows):
         differ = [k for k in dict.fromkeys(k for _, s in settings for k in s)
                   if len({json.dumps(s[k]) for _, s in settings if k in s}) > 1]
         if differ:
-            values = [f"{k} ({', '.join(f'{router} {as_noted(s[k])}' for router, s in settings if k in s)})"
-                      for k in differ]
+            values = [f"{place} ({', '.join(f'{router} {as_noted(v)}' for router, v in held)})"
+                      for k in differ for place, held in where_they_differ(k, settings)]
             which = f" of {regime}" if len(regimes) > 1 else ""
             notes.append(f"\n\nNOTE the rows{which} differ in more than their router: " + "; ".join(values))
     return "".join(notes)
+
+
+def where_they_differ(field, settings):
+    """(place, [(router, value)]) where the rows' values of `field` differ: the field whole, or where every row's is
+    a dict (a fine-tune's source), each place inside it that differs ('init_source.setting.lr'), not the whole."""
+    held = [(router, s[field]) for router, s in settings if field in s]
+    if not all(isinstance(v, dict) for _, v in held):
+        return [(field, held)]
+    at = [(router, dict(leaves(v, field))) for router, v in held]
+    places = dict.fromkeys(p for _, a in at for p in a)
+    return [(p, [(router, a.get(p, ABSENT)) for router, a in at]) for p in places
+            if len({repr(a.get(p, ABSENT)) for _, a in at}) > 1]
 
 
 def as_noted(value):

@@ -528,6 +528,13 @@ def test_the_note_compares_rows_within_a_regime_and_sees_a_fine_tune():
     table = tables.results_table([run("lime", "mod", init_from="out/lime-seed1"), run("none", "mod")])
     assert table.endswith("|\n\nNOTE the rows differ in more than their router: init_from (lime True, none False)")
     assert "NOTE" not in tables.results_table([run("lime", "mod", "out/a"), run("none", "mod", "out/b")])
+    # fine-tunes of a lime and a none run (ProsQA's table): their sources differ in their router, which is the rows'
+    tuned = [run(router, "mod", f"out/{router}") for router in ("lime", "none")]
+    for r, lr in zip(tuned, (1e-3, 1e-3)):
+        r["config"]["init_source"] = dict(setting=dict(router=r["router"], preset="150m", lr=lr, n_layer=12), step=6000)
+    assert "NOTE" not in tables.results_table(tuned)
+    tuned[1]["config"]["init_source"]["setting"]["lr"] = 3e-3  # a source trained otherwise: said where it differs
+    assert tables.results_table(tuned).endswith("router: init_source.setting.lr (lime 0.001, none 0.003)")
     pruned = run("lime", "mod")
     pruned["config"]["prunings"] = [dict(top_p=0.9, step=5)]
     table = tables.results_table([pruned, {**run("none", "mod"), "config": {**run("none", "mod")["config"],
