@@ -2,8 +2,9 @@
 LIMe (Layer-Integrated Memory): a LLaMA-style decoder in which every attention layer
 reads the keys and values of all earlier layers, not only its own.
 
-Layer l computes its own K/V (per kv-head, before RoPE), then attends over a learned mixture of the K/V
-of every (layer, head) pair up to and including itself:
+A vanilla layer attends over the K/V it computes from its own residual stream. Here layer l computes its own K/V
+(per kv-head, before RoPE), then attends over a learned mixture of the K/V of every (layer, head) pair up to and
+including itself:
 
     kv~[l, h] = sum_{l' <= l} sum_{h'} R^(l)[h, l', h'] * kv[l', h']
 

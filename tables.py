@@ -193,12 +193,13 @@ def unshown_differences(rows):
     aside = {"router", "task", "preset", "max_steps"}  # (the regime is a column; steps below)
     regimes, named = {}, {}
     for (regime, router, preset, steps, (values, _)), runs in rows.items():
-        values_ = dict(setting(config_of(runs[0]), aside), preset=preset, steps=steps)
-        source = values_.get("init_source")
+        row_setting = dict(setting(config_of(runs[0]), aside), preset=preset, steps=steps)
+        source = row_setting.get("init_source")
         if isinstance(source, dict) and isinstance(source.get("setting"), dict):  # a fine-tune's source: its router
             # is the row's (a fine-tune takes its source's model), set aside as the row's own
-            values_["init_source"] = dict(source, setting={k: v for k, v in source["setting"].items() if k != "router"})
-        regimes.setdefault(regime, []).append((router, values_))
+            row_setting["init_source"] = dict(source, setting={k: v for k, v in source["setting"].items()
+                                                               if k != "router"})
+        regimes.setdefault(regime, []).append((router, row_setting))
         fields = {p.split(".")[0] for p, _ in values}
         named[regime] = named.get(regime, fields) & fields
     for regime, settings in regimes.items():  # (what every row's name shows already: n_layer in a depth ablation)
