@@ -586,6 +586,17 @@ def autocast_for(device, dtype="auto"):
     return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
+def seed_draws(device, seed):
+    """torch.manual_seed for the CPU and `device` alone. NOTE torch.manual_seed also queues the seed for every backend
+    not started (CUDA, XPU, MTIA on a CPU-only run), formatting a stack trace for each: a millisecond a call, which a
+    micro-step of a small model on a CPU notices."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed_all(seed)  # (as torch.manual_seed: started by now, so nothing is queued)
+    elif device == "mps":
+        torch.mps.manual_seed(seed)
+
+
 def synchronize(device):
     """Wait for the device, so that a timer read next sees finished work (a CPU never lags)."""
     if device.startswith("cuda"):

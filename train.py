@@ -20,8 +20,8 @@ The plumbing around this recipe (flags, resume, signals, checkpoints, the run's 
 
 # cli first: from then on a Ctrl-C is one line, even while torch (seconds to load) is still loading
 from cli import (COMPILE, DEVICES, NON_NEGATIVE, POSITIVE, SEED, SIZE, autocast_for, check_fields, compiles,
-                 dtype_for, lost_peer, option, output_failed, peak_flops, peak_memory, pick_device, show_metrics,
-                 synchronize)
+                 dtype_for, lost_peer, option, output_failed, peak_flops, peak_memory, pick_device, seed_draws,
+                 show_metrics, synchronize)
 
 import json
 import math
@@ -283,7 +283,7 @@ def train(cfg, run):
             for micro in range(accum):
                 rng = batch_rng(cfg.seed, step, rank * accum + micro)  # its place in the step, over every process
                 x, y = data.batch(rng, cfg.micro_batch_size)
-                torch.manual_seed(int(rng.integers(2**63)))  # a method's own draws (a fork's dropout): resumed alike
+                seed_draws(device, int(rng.integers(2**63)))  # a method's own draws (a fork's dropout): resumed alike
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # DDP averages gradients over processes only on the last micro-step
                 with nullcontext() if not ddp or micro == accum - 1 else model.no_sync():
